@@ -1,0 +1,93 @@
+"""Compressed rank and host lists: ``0-127,129-383`` and ``iam[01-34,36-48]``.
+
+Used by every renderer and in finding summaries, so that 384 ranks read as one short line.
+
+    >>> compress_ranks([0, 1, 2, 3, 5, 7, 8])
+    '0-3,5,7-8'
+    >>> expand_ranks('0-3,5')
+    [0, 1, 2, 3, 5]
+    >>> compress_hosts(['iam01', 'iam02', 'iam03', 'iam05', 'login'])
+    'iam[01-03,05],login'
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Tuple
+
+
+def compress_ranks(ranks: Iterable[int]) -> str:
+    """Sorted, de-duplicated, consecutive runs joined with ``-``; empty input gives ``''``."""
+    values = sorted(set(ranks))
+    if not values:
+        return ""
+    out: List[str] = []
+    start = prev = values[0]
+    for v in values[1:]:
+        if v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = v
+    out.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(out)
+
+
+def expand_ranks(text: str) -> List[int]:
+    """The inverse of :func:`compress_ranks`; raises ValueError on malformed text."""
+    result: List[int] = []
+    text = text.strip()
+    if not text:
+        return result
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            a, b = part.split("-", 1)
+            lo, hi = int(a), int(b)
+            if hi < lo:
+                raise ValueError(f"bad range {part!r}")
+            result.extend(range(lo, hi + 1))
+        else:
+            result.append(int(part))
+    return sorted(set(result))
+
+
+_HOST_RE = re.compile(r"^(.*?)(\d+)$")
+
+
+def compress_hosts(hosts: Iterable[str]) -> str:
+    """SLURM-style hostlist: hosts sharing a prefix and digit width fold into ``prefix[a-b,c]``."""
+    buckets: Dict[Tuple[str, int], List[int]] = {}
+    plain: List[str] = []
+    for h in sorted(set(hosts)):
+        m = _HOST_RE.match(h)
+        if not m:
+            plain.append(h)
+            continue
+        prefix, digits = m.group(1), m.group(2)
+        buckets.setdefault((prefix, len(digits)), []).append(int(digits))
+    parts: List[str] = []
+    for (prefix, width), nums in sorted(buckets.items()):
+        if len(nums) == 1:
+            parts.append(f"{prefix}{nums[0]:0{width}d}")
+            continue
+        runs: List[str] = []
+        nums.sort()
+        start = prev = nums[0]
+        for v in nums[1:] + [None]:  # type: ignore[list-item]
+            if v is not None and v == prev + 1:
+                prev = v
+                continue
+            runs.append(f"{start:0{width}d}" if start == prev else f"{start:0{width}d}-{prev:0{width}d}")
+            if v is not None:
+                start = prev = v
+        parts.append(f"{prefix}[{','.join(runs)}]")
+    return ",".join(parts + plain)
+
+
+def describe_ranks(ranks: Iterable[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,4``."""
+    values = sorted(set(ranks))
+    if len(values) == 1:
+        return f"rank {values[0]}"
+    return f"ranks {compress_ranks(values)}"

@@ -1,0 +1,1 @@
+"""Testing helpers: the pytest plugin (``hangdoc.testing.plugin``) and collective-order checks."""
