@@ -290,6 +290,12 @@ class Group:
     members: List[Process] = field(default_factory=list)
     #: one line: the innermost frame that is not library plumbing, and the user frame that called it.
     summary: str = ""
+    #: the members' status; processes that are not ``ok`` (unresponsive, stopped) form their own groups.
+    status: str = STATUS_OK
+    #: for a group of non-main threads (``Report.thread_groups``): the thread names seen, sorted.
+    thread_names: List[str] = field(default_factory=list)
+    #: for a group of non-main threads: how many threads (a process may hold several alike).
+    threads: int = 0
 
     @property
     def count(self) -> int:
@@ -333,3 +339,5 @@ class Report:
     missing_ranks: List[int] = field(default_factory=list)
     #: "function" or "function+line": how frames were compared when grouping.
     granularity: str = "function+line"
+    #: the other (non-main) threads of all processes, grouped by stack like ``groups``.
+    thread_groups: List[Group] = field(default_factory=list)
