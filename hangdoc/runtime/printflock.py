@@ -1,0 +1,139 @@
+"""``printflock``: ``print`` that never tears or interleaves a line when many processes share a stream.
+
+Many ranks writing to one console (or one log file) interleave their output mid-line: ``print``
+issues several writes (the text, then ``end``) and a pipe only guarantees atomicity up to
+``PIPE_BUF`` bytes. ``printflock`` formats the whole message first, then, under an exclusive
+``fcntl.flock`` on a node-local lock file, writes it with a single ``os.write`` (looping over partial
+writes) and flushes before it unlocks.
+
+    >>> from hangdoc import printflock as print
+    >>> print("rank", 0, "says", "hello")
+    rank 0 says hello
+
+The lock file lives in ``/dev/shm`` (or the temp directory), named per user, never next to the
+module: site-packages may sit on NFS/Lustre, where flock is slow or not supported. Where flock is
+unavailable (ENOSYS, EINVAL, ENOLCK, EOPNOTSUPP) it prints without the lock, after one warning.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from typing import Any, Optional, TextIO
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; degrade to a plain print.
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["printflock", "lock_path"]
+
+_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOLCK, getattr(errno, "EOPNOTSUPP", -1)}
+
+_state_lock = threading.Lock()  # flock is per open file description, so threads need their own lock
+_lock_fd: Optional[int] = None
+_lock_pid: Optional[int] = None
+_disabled = fcntl is None
+
+
+def lock_path() -> str:
+    """The node-local lock file: ``$HANGDOC_PRINTFLOCK_LOCK``, else ``/dev/shm`` or the temp dir."""
+    override = os.environ.get("HANGDOC_PRINTFLOCK_LOCK")
+    if override:
+        return override
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    try:
+        user = str(os.getuid())
+    except AttributeError:
+        user = os.environ.get("USERNAME", "user")
+    return os.path.join(base, f"hangdoc-printflock-{user}.lock")
+
+
+def _get_lock_fd() -> Optional[int]:
+    global _lock_fd, _lock_pid, _disabled
+    pid = os.getpid()
+    # After fork the child shares the parent's open file description, hence its flock: reopen.
+    if _lock_fd is not None and _lock_pid == pid:
+        return _lock_fd
+    try:
+        fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as e:
+        _disable(f"cannot open lock file {lock_path()}: {e}")
+        return None
+    _lock_fd, _lock_pid = fd, pid
+    return fd
+
+
+def _disable(reason: str) -> None:
+    global _disabled
+    if not _disabled:
+        _disabled = True
+        warnings.warn(f"hangdoc.printflock: {reason}; printing without a lock", RuntimeWarning, stacklevel=4)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[n:]
+
+
+def _target_fd(stream: Any) -> Optional[int]:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
+def printflock(*args: Any, sep: Optional[str] = " ", end: Optional[str] = "\n", file: Optional[TextIO] = None, flush: bool = False) -> None:
+    """Like ``print``, but the whole message is written at once under a cross-process lock.
+
+    Same signature as ``print``; ``flush`` is accepted for compatibility, output is always flushed.
+
+        >>> import io
+        >>> buf = io.StringIO()
+        >>> printflock("a", "b", sep="-", end="!\\n", file=buf)
+        >>> buf.getvalue()
+        'a-b!\\n'
+    """
+    stream = sys.stdout if file is None else file
+    if stream is None:  # pythonw / closed stdout: print is a no-op too
+        return
+    message = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
+    fd = _target_fd(stream)
+    with _state_lock:
+        lock_fd = None if _disabled else _get_lock_fd()
+        locked = False
+        if lock_fd is not None:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                locked = True
+            except OSError as e:
+                if e.errno in _UNSUPPORTED:
+                    _disable(f"flock unavailable ({errno.errorcode.get(e.errno, e.errno)})")
+                else:
+                    raise
+        try:
+            if fd is not None:
+                # Text still buffered in the stream must come out before our bytes.
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+                encoding = getattr(stream, "encoding", None) or "utf-8"
+                errors = getattr(stream, "errors", None) or "strict"
+                _write_all(fd, message.encode(encoding, errors))
+            else:
+                stream.write(message)
+                stream.flush()
+        finally:
+            if locked:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
