@@ -1,0 +1,418 @@
+"""The no-progress watchdog: when a rank stops making progress, it dumps its own stacks.
+
+Progress is a completed collective (the recorder's ``progress`` counter), a :func:`step` marker or
+a :func:`heartbeat`. A daemon thread looks at it a few times a second; after ``hang_timeout``
+seconds without any, it writes ``stacks-{host}-r{rank}-{pid}.txt`` (a ``hangdoc.tags`` line, then
+``faulthandler`` output of every thread) and the recorder's records into the output directory, and
+(``report=True``) shares them with the other ranks through the job's store so that the lowest live
+rank prints the verdict (see :mod:`hangdoc.runtime.exchange`). Once per stall, again at 4x, 8x, ...
+the timeout if it persists. Nothing is ever killed.
+
+faulthandler is used because it is written in C: it reads the other threads' frames without
+taking the GIL-dependent locks a Python-level ``traceback`` would need, so it works while the main
+thread sits inside a C++ collective. For the same reason a signal dump (``SIGUSR1`` by default)
+goes through ``faulthandler.register``: a Python signal handler would only run once the main
+thread returned from C++, that is never. faulthandler writes into a file the daemon thread
+watches; when it grows, the daemon adds the tag line and the records.
+
+    >>> import tempfile, hangdoc.runtime.watchdog as wd
+    >>> dog = wd.start(hang_timeout=60, out_dir=tempfile.mkdtemp(), record=False, report=False)
+    >>> wd.step()          # progress: a training step ended
+    >>> paths = wd.dump_now("example")   # the stacks file first, then the records file if any
+    >>> open(paths[0]).readline().startswith("# hangdoc process host=")
+    True
+    >>> wd.stop()
+
+In a job, ``hangdoc.wrap(main, hang_timeout=300)`` or ``python -m hangdoc --hang-timeout 300``
+starts it for you.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Optional, Tuple, Union
+
+# Bumped by step()/heartbeat(); a bare int increment so that calling them costs nothing measurable
+# (and nothing at all beyond that when no watchdog runs).
+_beats = 0
+_steps = 0
+
+_lock = threading.Lock()
+_current: Optional["Watchdog"] = None
+
+#: environment variable set while a watchdog runs: the name of its dump signal (children and
+#: ``hangdoc dump`` use it).
+SIGNAL_ENV = "HANGDOC_WATCHDOG_SIGNAL"
+#: file name pattern of the file faulthandler writes signal dumps into; ``hangdoc dump`` finds
+#: hangdoc-wrapped processes by this name among their open files (``/proc/PID/fd``), which works
+#: even though variables set after exec never show in ``/proc/PID/environ``.
+SIGNAL_FILE_PREFIX = "hangdoc-signal-"
+
+
+def step() -> None:
+    """Mark the end of a training step: progress for the watchdog.
+
+    >>> step()
+    """
+    global _beats, _steps
+    _beats += 1
+    _steps += 1
+
+
+def heartbeat() -> None:
+    """Tell the watchdog this rank is alive and progressing (a long phase without collectives).
+
+    >>> heartbeat()
+    """
+    global _beats
+    _beats += 1
+
+
+def get() -> Optional["Watchdog"]:
+    """The running watchdog, or None."""
+    return _current
+
+
+def _signal_number(signum: Union[int, str, None]) -> Optional[int]:
+    if signum is None or signum == "" or signum == 0:
+        return None
+    if isinstance(signum, str):
+        name = signum.upper()
+        if name.isdigit():
+            return int(name)
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        return int(getattr(signal, name))
+    return int(signum)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def _output_dir(out: Optional[str]) -> str:
+    try:
+        from hangdoc.runtime.options import output_dir
+
+        return output_dir(out)
+    except ImportError:
+        return os.path.abspath(out or os.environ.get("HANGDOC_OUT") or "hangdoc-out")
+
+
+def stacks_file_name(host: str, rank: int, pid: int) -> str:
+    """``stacks-{host}-r{rank}-{pid}.txt``, the name every stacks dump has (docs/architecture.md)."""
+    return f"stacks-{host}-r{rank}-{pid}.txt"
+
+
+def thread_id_hex(ident: int) -> str:
+    """A thread id the way faulthandler prints it (``0x00007f...``), for the ``main_thread`` tag."""
+    return "0x%0*x" % (2 * 8 if sys.maxsize > 2**32 else 2 * 4, ident)
+
+
+class Watchdog:
+    """One per process; use :func:`start` / :func:`stop` rather than this class."""
+
+    def __init__(
+        self,
+        hang_timeout: float,
+        out_dir: Optional[str] = None,
+        signum: Union[int, str, None] = signal.SIGUSR1,
+        report: bool = True,
+        record: bool = True,
+        redump_factor: float = 4.0,
+    ) -> None:
+        if not hang_timeout or hang_timeout <= 0:
+            raise ValueError(f"hang_timeout must be > 0, got {hang_timeout!r}")
+        self.hang_timeout = float(hang_timeout)
+        self.out_dir = _output_dir(out_dir)
+        self.signum = _signal_number(signum)
+        self.report = report
+        self.record = record
+        self.redump_factor = redump_factor
+        # Often enough that the dump comes well within the 5 s budget after the timeout, rarely
+        # enough that the thread costs nothing: at most 4 wake-ups a second.
+        self.poll = min(0.25, max(0.02, self.hang_timeout / 20))
+        #: number of stalls seen so far (a stall ends with the next progress).
+        self.stalls = 0
+        #: paths written by the last dump.
+        self.last_paths: Tuple[str, ...] = ()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._seen: Any = None
+        self.last_progress = time.monotonic()
+        self.last_progress_wall = time.time()
+        self._stalled = False
+        self._next_dump = 0.0
+        self._sig_file: Any = None
+        self._sig_offset = 0
+        self._recorder: Any = None
+        self._errors = 0
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> "Watchdog":
+        os.makedirs(self.out_dir, exist_ok=True)
+        if self.record:
+            self._recorder = _enable_recorder(self.out_dir)
+        if self.signum is not None:
+            self._register_signal()
+        self._seen = self._progress()
+        self._thread = threading.Thread(target=self._run, name="hangdoc-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=2 * self.poll + 1)
+        if self._sig_file is not None:
+            try:
+                faulthandler.unregister(self.signum)
+            except Exception:
+                pass
+            name = self._sig_file.name
+            try:
+                self._sig_file.close()
+                os.unlink(name)
+            except OSError:
+                pass
+            self._sig_file = None
+            if os.environ.get(SIGNAL_ENV) == _signal_name(self.signum):
+                os.environ.pop(SIGNAL_ENV, None)
+
+    def _register_signal(self) -> None:
+        name = _signal_name(self.signum)
+        self._sig_file = tempfile.NamedTemporaryFile(
+            mode="w+b", prefix=f"{SIGNAL_FILE_PREFIX}{os.getpid()}-{name}-", suffix=".txt", delete=False
+        )
+        # Chain only to a real handler: faulthandler "chains" by restoring the previous action and
+        # re-raising, which for SIG_DFL of SIGUSR1 would terminate the job.
+        previous = signal.getsignal(self.signum)
+        chain = previous not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        faulthandler.register(self.signum, file=self._sig_file, all_threads=True, chain=chain)
+        os.environ[SIGNAL_ENV] = name
+
+    # -- progress ---------------------------------------------------------------------------
+    def _progress(self) -> Tuple[int, int]:
+        rec = self._recorder
+        progress = 0
+        if rec is not None:
+            try:
+                progress = int(rec.progress)
+            except Exception:
+                progress = 0
+        return (_beats, progress)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self._tick()
+            except Exception as e:  # the watchdog must never take the job down
+                self._errors += 1
+                if self._errors <= 3:
+                    _say(f"hangdoc watchdog: {type(e).__name__}: {e}")
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        seen = self._progress()
+        if seen != self._seen:
+            self._seen = seen
+            self.last_progress = now
+            self.last_progress_wall = time.time()
+            rec_last = getattr(self._recorder, "last_progress", None)
+            if isinstance(rec_last, float) and now - self.poll <= rec_last <= now:
+                # the recorder knows the completion time more precisely than our polling does
+                self.last_progress_wall -= now - rec_last
+                self.last_progress = rec_last
+            if self._stalled:
+                self._stalled = False
+                self._recovered()
+        self._check_signal_file()
+        if not self._stalled and now - self.last_progress >= self.hang_timeout:
+            self._stalled = True
+            self.stalls += 1
+            self._next_dump = now + self.redump_factor * self.hang_timeout
+            self._on_stall("no progress for %.1fs" % (now - self.last_progress))
+        elif self._stalled and now >= self._next_dump:
+            waited = now - self.last_progress
+            self._next_dump = now + self.redump_factor * waited
+            self._on_stall("still no progress after %.1fs" % waited)
+
+    def _on_stall(self, reason: str) -> None:
+        paths = self.dump_now(reason)
+        if self.report and paths:
+            from hangdoc.runtime import exchange
+
+            exchange.share(self, paths, reason)
+
+    def _recovered(self) -> None:
+        if self.report:
+            try:
+                from hangdoc.runtime import exchange
+
+                exchange.withdraw(self)
+            except Exception:
+                pass
+
+    # -- signal dumps -----------------------------------------------------------------------
+    def _check_signal_file(self) -> None:
+        f = self._sig_file
+        if f is None:
+            return
+        size = os.fstat(f.fileno()).st_size
+        if size <= self._sig_offset:
+            return
+        # faulthandler writes from inside the signal handler; give it a moment to finish
+        for _ in range(20):
+            time.sleep(0.01)
+            again = os.fstat(f.fileno()).st_size
+            if again == size:
+                break
+            size = again
+        with open(f.name, "rb") as r:
+            r.seek(self._sig_offset)
+            text = r.read(size - self._sig_offset).decode("utf-8", "replace")
+        self._sig_offset = size
+        self._write_dump(f"signal {_signal_name(self.signum)}", text)
+
+    # -- dumps ------------------------------------------------------------------------------
+    def dump_now(self, reason: str = "requested") -> Optional[Tuple[str, ...]]:
+        """Write this process's stacks and records now; returns the paths written.
+
+        Safe from any thread; the stacks come from faulthandler (all threads).
+        """
+        return self._write_dump(reason, None)
+
+    def _write_dump(self, reason: str, traceback_text: Optional[str]) -> Tuple[str, ...]:
+        from hangdoc.atomic import write_atomic
+        from hangdoc.runtime.identity import identity
+
+        ident = identity()
+        tag = _tag_line(ident, reason, self)
+        os.makedirs(self.out_dir, exist_ok=True)
+        path = os.path.join(self.out_dir, stacks_file_name(ident.host, ident.rank, ident.pid))
+        if traceback_text is None:
+            # faulthandler needs a real file descriptor; write the temporary file of an atomic
+            # write ourselves.
+            fd, tmp = tempfile.mkstemp(prefix=".hangdoc-", suffix=".tmp", dir=self.out_dir)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write((tag + "\n").encode())
+                    f.flush()
+                    faulthandler.dump_traceback(file=f, all_threads=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        else:
+            write_atomic(path, tag + "\n" + traceback_text)
+        paths = [path]
+        rec = self._recorder
+        if rec is not None:
+            try:
+                paths.append(rec.dump())
+            except Exception as e:
+                _say(f"hangdoc watchdog: could not dump records: {type(e).__name__}: {e}")
+        self.last_paths = tuple(p for p in paths if p)
+        _say(f"hangdoc watchdog: {reason}; wrote {', '.join(self.last_paths)}")
+        return self.last_paths
+
+
+def _tag_line(ident: Any, reason: str, dog: Optional[Watchdog]) -> str:
+    from hangdoc.tags import format_tag
+
+    fields = dict(
+        host=ident.host,
+        pid=ident.pid,
+        rank=ident.rank,
+        local_rank=ident.local_rank,
+        world_size=ident.world_size,
+        ppid=os.getppid(),
+        main_thread=thread_id_hex(threading.main_thread().ident or 0),
+        source="watchdog",
+        reason=reason.replace(" ", "_"),
+        step=_steps,
+    )
+    if dog is not None:
+        fields["last_progress"] = "%.3f" % dog.last_progress_wall
+    return format_tag(**fields)
+
+
+def _enable_recorder(out_dir: str) -> Any:
+    try:
+        from hangdoc.runtime import recorder
+    except ImportError:
+        return None
+    try:
+        return recorder.enable(out_dir=out_dir)
+    except Exception as e:
+        _say(f"hangdoc watchdog: recorder not enabled: {type(e).__name__}: {e}")
+        return None
+
+
+def _say(message: str) -> None:
+    """One line to stderr without Python's stream locks (the main thread may hold them forever)."""
+    try:
+        os.write(2, (message.rstrip("\n") + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def start(
+    hang_timeout: float,
+    out_dir: Optional[str] = None,
+    signum: Union[int, str, None] = signal.SIGUSR1,
+    report: bool = True,
+    record: bool = True,
+) -> Watchdog:
+    """Start the watchdog of this process (idempotent: a running one is stopped and replaced).
+
+    ``signum=None`` disables signal dumps; ``record=False`` leaves the recorder off (progress is
+    then only :func:`step` / :func:`heartbeat`); ``report=False`` skips the cross-rank report.
+    """
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.stop()
+        _current = Watchdog(hang_timeout, out_dir, signum=signum, report=report, record=record).start()
+        return _current
+
+
+def stop() -> None:
+    """Stop the running watchdog, if any; unregisters its signal."""
+    global _current
+    with _lock:
+        if _current is not None:
+            _current.stop()
+            _current = None
+
+
+def dump_now(reason: str = "requested") -> Optional[Tuple[str, ...]]:
+    """Dump this process's stacks (and records) now, with or without a running watchdog.
+
+    Without one, writes into the default output directory.
+    """
+    dog = _current
+    if dog is None:
+        dog = Watchdog(1.0, None, signum=None, report=False, record=False)
+        try:
+            from hangdoc.runtime import recorder
+
+            dog._recorder = recorder.get()
+        except ImportError:
+            pass
+    return dog.dump_now(reason)
