@@ -1,0 +1,104 @@
+"""The JSON renderer: a stable, versioned schema (documented in docs/json.md).
+
+    >>> import json as _json
+    >>> from hangdoc.model import Frame, Job, Process, Thread
+    >>> from hangdoc.analysis.grouping import build_report
+    >>> from hangdoc.renderers import RenderOptions
+    >>> t = Thread("1", "MainThread", (Frame("main", "train.py", 3),), is_main=True)
+    >>> doc = _json.loads(render(build_report(Job(processes=[Process(host="n1", pid=7, rank=0, threads=[t])])), RenderOptions()))
+    >>> doc["version"], doc["processes"], doc["groups"][0]["ranks"], doc["groups"][0]["members"]
+    (1, 1, '0', [{'host': 'n1', 'pid': 7, 'rank': 0}])
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List
+
+from hangdoc.model import ROLE_UNKNOWN, Frame, Group, Report, TreeNode
+from hangdoc.ranges import compress_hosts, compress_ranks
+
+#: bumped on any incompatible change; additions of keys do not bump it.
+VERSION = 1
+#: above this many processes the output is compact (the indenting encoder is pure Python and slow).
+INDENT_UP_TO = 2000
+
+
+def render(report: Report, options) -> str:
+    doc = to_json(report)
+    if len(report.job.processes) <= INDENT_UP_TO:
+        return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def to_json(report: Report) -> Dict[str, Any]:
+    """The report as plain JSON-able data (what :func:`render` serialises)."""
+    job = report.job
+    ids = {id(g): i for i, g in enumerate(report.groups, 1)}
+    return {
+        "version": VERSION,
+        "granularity": report.granularity,
+        "processes": len(job.processes),
+        "world_size": job.world_size,
+        "sources": [
+            {
+                "path": s.path,
+                "processes": s.processes,
+                "records": s.records,
+                "formats": list(s.formats),
+                "errors": [str(e) for e in s.errors],
+            }
+            for s in job.sources
+        ],
+        "groups": [_group(g, i) for i, g in enumerate(report.groups, 1)],
+        "tree": _tree(report.tree, ids),
+        "findings": [f.to_json() for f in report.findings],
+        "missing_ranks": compress_ranks(report.missing_ranks),
+        "thread_groups": [_group(g, i, thread=True) for i, g in enumerate(report.thread_groups, 1)],
+    }
+
+
+def _frame(f: Frame) -> Dict[str, Any]:
+    return {"function": f.function, "file": f.file, "line": f.line, "native": f.native}
+
+
+def _group(g: Group, gid: int, thread: bool = False) -> Dict[str, Any]:
+    d: Dict[str, Any] = {
+        "id": gid,
+        "count": g.count,
+        "ranks": compress_ranks(p.rank for p in g.members if p.rank is not None),
+        "hosts": compress_hosts(p.host for p in g.members if p.host),
+        "status": g.status,
+        "roles": sorted({p.role for p in g.members if p.role not in (ROLE_UNKNOWN,)} or {ROLE_UNKNOWN}),
+        "summary": g.summary,
+        "members": [{"host": p.host, "pid": p.pid, "rank": p.rank} for p in g.members],
+        "stack": [_frame(f) for f in g.stack],
+    }
+    if thread:
+        d["threads"] = g.threads
+        d["thread_names"] = list(g.thread_names)
+    return d
+
+
+def _tree(root: TreeNode, ids: Dict[int, int]) -> Dict[str, Any]:
+    """Nested nodes ``{frame, count, groups, children}``; ``groups`` are group ids (1-based)."""
+
+    def node(n: TreeNode) -> Dict[str, Any]:
+        return {
+            "frame": _frame(n.frame) if n.frame is not None else None,
+            "count": n.count,
+            "groups": sorted(ids[id(g)] for g in n.groups if id(g) in ids),
+            "children": [],
+        }
+
+    top = node(root)
+    # iterative: stacks can be deeper than Python's recursion limit
+    work: List[Any] = [(root, top)]
+    while work:
+        n, d = work.pop()
+        for c in n.children:
+            cd = node(c)
+            d["children"].append(cd)
+            work.append((c, cd))
+    return top
+

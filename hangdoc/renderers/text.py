@@ -1,0 +1,349 @@
+"""The default renderer: a compact, terminal-friendly report a person reads in one minute.
+
+Findings first (``findings[0]`` is the headline), then the groups with counts and compressed rank
+and host sets, missing ranks, the merged tree of main threads with rank sets where it branches
+(library plumbing folded unless ``show_plumbing``), the other threads, and the sources' parse errors.
+Colour only when ``options.color`` (the CLI sets it when stdout is a terminal).
+
+    >>> from hangdoc.model import Frame, Job, Process, Thread
+    >>> from hangdoc.analysis.grouping import build_report
+    >>> from hangdoc.renderers import RenderOptions
+    >>> t = Thread("1", "MainThread", (Frame("main", "train.py", 3),), is_main=True)
+    >>> report = build_report(Job(processes=[Process(host="n1", pid=7, rank=0, threads=[t])]))
+    >>> print(render(report, RenderOptions()).splitlines()[0])
+    hangdoc: 1 process (rank 0 on host n1) from 0 sources, 1 group
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from hangdoc.model import ROLE_RANK, ROLE_UNKNOWN, STATUS_OK, Finding, Frame, Group, Process, Report, TreeNode
+from hangdoc.ranges import compress_hosts, compress_ranks
+
+#: groups (and tree branches) shown when ``options.max_groups`` is None.
+DEFAULT_MAX_GROUPS = 20
+#: parse errors listed per report before "... and N more".
+MAX_ERRORS = 20
+MAX_CULPRITS = 8
+
+
+def render(report: Report, options) -> str:
+    return "\n".join(TextReport(report, options).lines()) + "\n"
+
+
+# -- shared by the text and markdown renderers -------------------------------------------------
+
+
+class Sets:
+    """Compressed rank/host sets of groups and of unions of groups, each computed once.
+
+    Tree nodes along one path share their group set, so caching on the set keeps rendering linear
+    in the number of distinct stacks even for 131,072 processes.
+    """
+
+    def __init__(self) -> None:
+        self._cache: Dict[Tuple[int, ...], Tuple[str, str, int, int]] = {}
+
+    def of(self, groups: Sequence[Group]) -> Tuple[str, str, int, int]:
+        """(compressed ranks, compressed hosts, processes without rank, number of processes)."""
+        key = tuple(sorted(id(g) for g in groups))
+        hit = self._cache.get(key)
+        if hit is None:
+            ranks: List[int] = []
+            hosts = set()
+            unranked = 0
+            n = 0
+            for g in groups:
+                for p in g.members:
+                    n += 1
+                    if p.rank is None:
+                        unranked += 1
+                    else:
+                        ranks.append(p.rank)
+                    if p.host:
+                        hosts.add(p.host)
+            hit = self._cache[key] = (compress_ranks(ranks), compress_hosts(hosts), unranked, n)
+        return hit
+
+    def who(self, groups: Sequence[Group], members: Optional[Sequence[Process]] = None) -> str:
+        """``ranks 0-3,5 on hosts node[1-2]``, ``rank 4 on host node1 pid 42``, ``2 processes without rank``."""
+        ranks, hosts, unranked, n = self.of(groups)
+        parts: List[str] = []
+        if ranks:
+            parts.append(("ranks " if ("," in ranks or "-" in ranks) else "rank ") + ranks)
+        if unranked:
+            parts.append(f"{unranked} without rank" if ranks else f"{unranked} {'process' if unranked == 1 else 'processes'} without rank")
+        if hosts:
+            parts.append(("on hosts " if ("," in hosts or "[" in hosts) else "on host ") + hosts)
+        if members is not None and len(members) == 1 and members[0].pid is not None:
+            parts.append(f"pid {members[0].pid}")
+        return " ".join(parts) if parts else f"{n} processes"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+
+
+def roles(g: Group) -> str:
+    """``dataloader-worker`` when the group is not made of plain ranks."""
+    seen = sorted({p.role for p in g.members if p.role not in (ROLE_RANK, ROLE_UNKNOWN)})
+    return ",".join(seen)
+
+
+def is_plumbing_fn() -> Callable[[Frame], bool]:
+    from hangdoc.analysis.grouping import _load_is_plumbing
+
+    pred = _load_is_plumbing()
+
+    def safe(f: Frame) -> bool:
+        try:
+            return bool(pred(f))
+        except Exception:
+            return False
+
+    return safe
+
+
+def describe_culprits(culprits) -> str:
+    if not culprits:
+        return ""
+    if len(culprits) <= MAX_CULPRITS:
+        out = []
+        for c in culprits:
+            who = f"rank {c.rank}" if c.rank is not None else "process"
+            where = " ".join(x for x in (c.host or "", f"pid {c.pid}" if c.pid is not None else "") if x)
+            out.append(f"{who} ({where})" if where else who)
+        return ", ".join(out)
+    ranks = compress_ranks(c.rank for c in culprits if c.rank is not None)
+    hosts = compress_hosts(c.host for c in culprits if c.host)
+    s = f"{len(culprits)} processes"
+    if ranks:
+        s += f": ranks {ranks}"
+    if hosts:
+        s += f" on hosts {hosts}"
+    return s
+
+
+def tree_lines(
+    report: Report,
+    sets: Sets,
+    shown: Dict[int, int],
+    show_plumbing: bool,
+    paint: Callable[[str, str], str] = lambda s, style: s,
+) -> Tuple[List[str], int]:
+    """The merged tree as lines, and how many plumbing frames were folded.
+
+    A chain of single-child nodes prints at one indent; a branch indents its children and draws
+    ``├─``/``└─``. Each branch's first line carries its rank set; leaves carry their group numbers.
+    Only nodes reached by a shown group are drawn (``shown``: id(group) -> its number).
+    """
+    plumbing = is_plumbing_fn()
+    cache: Dict[Frame, bool] = {}
+
+    def folded(f: Frame) -> bool:
+        v = cache.get(f)
+        if v is None:
+            v = cache[f] = (not show_plumbing) and plumbing(f)
+        return v
+
+    lines: List[str] = []
+    folded_count = 0
+    total = report.tree.count
+
+    def visible(n: TreeNode) -> List[TreeNode]:
+        return [c for c in n.children if any(id(g) in shown for g in c.groups)]
+
+    # work items: (node, its depth, indent, branch marker); a chain of single children is one item.
+    work: List[Tuple[TreeNode, int, str, str]] = []
+    root_kids = visible(report.tree)
+    hidden_root = len(report.tree.children) - len(root_kids)
+    for c in reversed(root_kids):
+        work.append((c, 1, "", ""))
+    while work:
+        node, depth, indent, marker = work.pop()
+        first = True
+        while True:
+            f = node.frame
+            kids = visible(node)
+            hidden = len(node.children) - len(kids)
+            ends_here = [g for g in node.groups if id(g) in shown and len(g.stack) == depth]
+            continues = len(kids) == 1 and not hidden and not ends_here
+            if continues and f is not None and folded(f):
+                folded_count += 1
+            else:
+                label = f.label() if f is not None else "(no frame)"
+                style = "plumbing" if (f is not None and plumbing(f)) else ("native" if f is not None and f.native else "frame")
+                notes: List[str] = []
+                if first:
+                    notes.append(paint(f"[{node.count}/{total}: {sets.who(node.groups)}]", "ranks"))
+                if ends_here:
+                    notes.append(paint(" ".join(f"#{k}" for k in sorted(shown[id(g)] for g in ends_here)), "group"))
+                text = (marker if first else _cont(marker)) + paint(label, style)
+                lines.append(indent + text + ("  " + "  ".join(notes) if notes else ""))
+                first = False
+            if continues:
+                node = kids[0]
+                depth += 1
+                continue
+            child_indent = indent + _cont(marker)
+            for i in range(len(kids) - 1, -1, -1):
+                work.append((kids[i], depth + 1, child_indent, "└─ " if (i == len(kids) - 1 and not hidden) else "├─ "))
+            if hidden:
+                # drawn after the shown branches: pushed first so it pops last
+                work.insert(len(work) - len(kids), (None, 0, child_indent, f"└─ … {plural(hidden, 'more branch')} not shown"))  # type: ignore[arg-type]
+            break
+        while work and work[-1][0] is None:
+            _, _, ind, msg = work.pop()
+            lines.append(ind + paint(msg, "dim"))
+    if hidden_root:
+        lines.append(paint(f"… {plural(hidden_root, 'more root')} not shown", "dim"))
+    return lines, folded_count
+
+
+def _cont(marker: str) -> str:
+    if not marker:
+        return ""
+    return "   " if marker.startswith("└") else "│  "
+
+
+# -- the text report ----------------------------------------------------------------------------
+
+_STYLES = {
+    "title": "\033[1m",
+    "headline": "\033[1;31m",
+    "kind": "\033[1;33m",
+    "ranks": "\033[36m",
+    "group": "\033[35m",
+    "plumbing": "\033[2m",
+    "native": "\033[2m",
+    "dim": "\033[2m",
+    "error": "\033[31m",
+    "frame": "",
+    "summary": "\033[1m",
+}
+
+
+class TextReport:
+    def __init__(self, report: Report, options) -> None:
+        self.r = report
+        self.o = options
+        self.sets = Sets()
+        self.max_groups = options.max_groups if options.max_groups is not None else DEFAULT_MAX_GROUPS
+
+    def paint(self, s: str, style: str) -> str:
+        code = _STYLES.get(style, "")
+        return f"{code}{s}\033[0m" if (self.o.color and code and s) else s
+
+    def lines(self) -> List[str]:
+        out: List[str] = []
+        out.append(self.title())
+        out += self.findings()
+        out += self.groups()
+        out += self.missing()
+        out += self.tree()
+        out += self.threads()
+        out += self.sources()
+        return out
+
+    def title(self) -> str:
+        r = self.r
+        n = len(r.job.processes)
+        all_groups = r.groups
+        who = self.sets.who(all_groups) if n else "nothing read"
+        return self.paint(
+            f"hangdoc: {plural(n, 'process')} ({who}) from {plural(len(r.job.sources), 'source')}, {plural(len(r.groups), 'group')}",
+            "title",
+        )
+
+    def findings(self) -> List[str]:
+        out: List[str] = []
+        if not self.r.findings:
+            return out
+        out.append("")
+        for i, f in enumerate(self.r.findings):
+            out += self.finding(f, headline=(i == 0))
+        return out
+
+    def finding(self, f: Finding, headline: bool) -> List[str]:
+        head = f"{f.kind}: {f.summary}"
+        out = [self.paint(("» " if headline else "  ") + head, "headline" if headline else "kind")]
+        culprits = describe_culprits(f.culprits)
+        if culprits:
+            out.append(f"    culprits: {culprits}")
+        if headline:
+            for e in f.evidence:
+                out.append(f"    evidence: {e}")
+            for a in f.advice:
+                out.append(f"    advice: {a}")
+        return out
+
+    def groups(self) -> List[str]:
+        r = self.r
+        if not r.groups:
+            return []
+        out = ["", self.paint(f"Groups (main-thread stacks, {r.granularity}, largest first)", "title")]
+        width = len(str(r.groups[0].count))
+        for i, g in enumerate(r.groups[: self.max_groups], 1):
+            role = roles(g)
+            status = "" if g.status == STATUS_OK else f" {g.status.upper()}"
+            out.append(
+                f"  {self.paint(f'#{i}'.rjust(len(str(min(len(r.groups), self.max_groups))) + 1), 'group')} {g.count:>{width}} × {self.paint(self.sets.who([g], g.members), 'ranks')}"
+                + (f" ({role})" if role else "")
+                + self.paint(status, "error")
+            )
+            out.append("     " + self.paint(g.summary, "summary"))
+        rest = r.groups[self.max_groups:]
+        if rest:
+            out.append(self.paint(f"  … {plural(len(rest), 'more group')} ({plural(sum(g.count for g in rest), 'process')}) not shown", "dim"))
+        return out
+
+    def missing(self) -> List[str]:
+        r = self.r
+        if not r.missing_ranks:
+            return []
+        n = len(r.missing_ranks)
+        return ["", self.paint(f"Missing: {'rank' if n == 1 else 'ranks'} {compress_ranks(r.missing_ranks)} ({n} of world size {r.job.world_size}: no dump, no records)", "error")]
+
+    def tree(self) -> List[str]:
+        r = self.r
+        if not r.tree.children:
+            return []
+        shown = {id(g): i for i, g in enumerate(r.groups[: self.max_groups], 1)}
+        lines, folded = tree_lines(r, self.sets, shown, self.o.show_plumbing, self.paint)
+        note = f"; {plural(folded, 'plumbing frame')} folded, --show-plumbing shows them" if folded else ""
+        return ["", self.paint(f"Merged tree (main threads, outermost first{note})", "title")] + ["  " + s for s in lines]
+
+    def threads(self) -> List[str]:
+        tg = self.r.thread_groups
+        if not tg:
+            return []
+        out = ["", self.paint("Other threads (grouped by stack)", "title")]
+        for i, g in enumerate(tg[: self.max_groups], 1):
+            names = ", ".join(g.thread_names[:3]) + (", …" if len(g.thread_names) > 3 else "")
+            out.append(
+                f"  {self.paint(f't{i}', 'group')} {plural(g.threads, 'thread')} in {plural(g.count, 'process')}: "
+                + self.paint(self.sets.who([g], g.members), "ranks")
+                + (f" ({names})" if names else "")
+            )
+            out.append("     " + g.summary)
+        if len(tg) > self.max_groups:
+            out.append(self.paint(f"  … {plural(len(tg) - self.max_groups, 'more thread group')} not shown", "dim"))
+        return out
+
+    def sources(self) -> List[str]:
+        srcs = self.r.job.sources
+        if not srcs:
+            return []
+        errors = [e for s in srcs for e in s.errors]
+        records = sum(s.records for s in srcs)
+        line = f"Sources: {plural(len(srcs), 'file')}, {plural(sum(s.processes for s in srcs), 'process')}"
+        if records:
+            line += f", {plural(records, 'record')}"
+        line += f", {plural(len(errors), 'parse error')}"
+        out = ["", self.paint(line, "title")]
+        for e in errors[:MAX_ERRORS]:
+            out.append("  " + self.paint(str(e), "error"))
+        if len(errors) > MAX_ERRORS:
+            out.append(self.paint(f"  … {len(errors) - MAX_ERRORS} more (--format json lists them all)", "dim"))
+        return out
