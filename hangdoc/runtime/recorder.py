@@ -1,0 +1,693 @@
+"""The collective recorder: what each rank actually issued to torch.distributed, in order.
+
+``enable()`` wraps every torch.distributed communication entry point of the running torch
+(discovered from ``torch.distributed.distributed_c10d``, with a floor of known names) so that each
+call leaves one record in a bounded ring buffer: per-process-group sequence number, group name and
+global ranks, op, input shapes and dtypes, root/peer as *global* ranks, async flag, the first user
+call site, CUDA stream (CUDA tensors only), phase, time issued and completion state.
+
+It never issues a collective, never synchronises, and contains its own exceptions: a failure
+inside the recorder is reported once on stderr and the user's call goes ahead unrecorded.
+
+    >>> from hangdoc.runtime import recorder
+    >>> rec = recorder.enable(capacity=1000)        # doctest: +SKIP
+    >>> with recorder.phase("backward"):            # doctest: +SKIP
+    ...     torch.distributed.all_reduce(grad)
+    >>> rec.records()[-1].describe()                # doctest: +SKIP
+    'all_reduce([1024] float32)'
+    >>> rec.dump()                                  # doctest: +SKIP
+    'hangdoc-out/collectives-node1-r0-4242.jsonl'
+
+What is and is not seen is documented in docs/recorder.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import functools
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+__all__ = ["enable", "disable", "get", "phase", "Recorder", "intercepted"]
+
+# Record layout: a plain list per call (far cheaper to build than an object); materialised into
+# CollectiveRecord only when someone asks (records(), dump()).
+_SEQ, _OP, _GROUP, _SHAPES, _DTYPES, _ROOT, _PEER, _ASYNC, _SITE, _STREAM, _PHASE, _T0, _T1, _STATE = range(14)
+
+# Parameters that carry the tensors whose shapes must agree across ranks, in order of preference.
+# Output-only arguments (gather_list on the root, say) are deliberately not recorded: they differ
+# by rank by design and would read as mismatches.
+_INPUT_PARAMS = (
+    "tensor",
+    "input_tensor",
+    "input",
+    "input_tensor_list",
+    "input_list",
+    "tensors",
+    "tensor_list",
+    "object_list",
+    "scatter_object_output_list",
+    "obj",
+    "output_tensor",
+    "output",
+)
+_ROOT_PARAMS = ("src", "dst")
+_GROUP_ROOT_PARAMS = ("group_src", "group_dst")
+_P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+_OBJECT_PARAMS = frozenset({"object_list", "obj", "scatter_object_output_list"})
+
+#: Known communication entry points: always wrapped when present, whatever discovery finds.
+KNOWN = (
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_coalesced",
+    "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv",
+    "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv",
+    "_all_gather_base", "_reduce_scatter_base",
+)
+# Public functions with a ``group`` parameter that manage groups or query them: no communication
+# worth a record (group creation is tracked through the group registry instead).
+_NOT_COMM = frozenset({
+    "get_rank", "get_world_size", "get_backend", "get_backend_config", "get_process_group_ranks",
+    "get_global_rank", "get_group_rank", "destroy_process_group", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "split_group", "shrink_group", "init_process_group",
+    "is_initialized", "get_pg_count", "get_node_local_rank", "supports_complex",
+})
+
+
+class _Spec:
+    """Per-function metadata computed once at wrap time, so the hot path does no introspection."""
+
+    __slots__ = ("op", "tensor", "group", "root", "root_is_src", "group_root", "async_op", "p2p", "objects", "always_async")
+
+    def __init__(self, op: str, params: List[str]):
+        def where(name: str) -> Optional[Tuple[int, str]]:
+            return (params.index(name), name) if name in params else None
+
+        self.op = op
+        self.tensor = next((where(n) for n in _INPUT_PARAMS if n in params), None)
+        self.objects = self.tensor is not None and self.tensor[1] in _OBJECT_PARAMS
+        self.group = where("group")
+        self.root = next((where(n) for n in _ROOT_PARAMS if n in params), None)
+        self.root_is_src = self.root is not None and self.root[1] == "src"
+        self.group_root = next((where(n) for n in _GROUP_ROOT_PARAMS if n in params), None)
+        self.async_op = where("async_op")
+        self.p2p = op in _P2P_OPS
+        self.always_async = op in ("isend", "irecv")
+
+
+def _arg(args: tuple, kwargs: dict, where: Optional[Tuple[int, str]], default: Any = None) -> Any:
+    if where is None:
+        return default
+    i, name = where
+    if i < len(args):
+        return args[i]
+    return kwargs.get(name, default)
+
+
+_DTYPE_NAMES: Dict[Any, str] = {}
+
+
+def _dtype_name(dt: Any) -> str:
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt).replace("torch.", "")
+    return name
+
+
+class Recorder:
+    """The ring buffer of one process's calls, and its dumps.
+
+    ``progress`` bumps on every completed call and ``last_progress`` is the ``time.monotonic()``
+    of the last completion: the watchdog's progress signal. ``pending()`` lists calls issued but
+    not seen completed: where this rank is really blocked.
+    """
+
+    def __init__(self, capacity: int = 100_000, out_dir: Optional[str] = None):
+        self.capacity = capacity
+        self.out_dir = out_dir
+        self._buf: collections.deque = collections.deque(maxlen=capacity)
+        self._progress = 0
+        self.last_progress = time.monotonic()
+        # id(Work) -> (Work, [records]) for async calls not yet seen completed. The strong reference
+        # keeps the id from being reused; entries go as soon as completion is observed.
+        self._works: Dict[int, Tuple[Any, List[list]]] = {}
+        # CUDA events recorded after a call on CUDA tensors: GPU completion without a sync.
+        self._events: List[Tuple[Any, list]] = []
+        self._seq: Dict[Any, int] = {}
+        self.errors = 0
+        self.dumped_to: Optional[str] = None
+
+    # -- the watchdog's view -------------------------------------------------------------------
+    @property
+    def progress(self) -> int:
+        self._sweep()
+        return self._progress
+
+    def pending(self) -> List[Any]:
+        """Records issued but not (yet) seen completed, oldest first."""
+        self._sweep()
+        return [self._materialise(r) for r in list(self._buf) if r[_STATE] == "issued"]
+
+    def records(self) -> List[Any]:
+        """A snapshot of the buffer as :class:`~hangdoc.model.CollectiveRecord` objects."""
+        self._sweep()
+        return [self._materialise(r) for r in list(self._buf)]
+
+    def _complete(self, rec: list) -> None:
+        if rec[_STATE] == "issued":
+            rec[_T1] = time.time()
+            rec[_STATE] = "completed"
+            self._progress += 1
+            self.last_progress = time.monotonic()
+
+    def _sweep(self) -> None:
+        """Observe completion of async work and CUDA events: non-blocking queries only."""
+        try:
+            for key, (work, recs) in list(self._works.items()):
+                if work.is_completed():
+                    self._works.pop(key, None)
+                    failed = False
+                    try:
+                        failed = not work.is_success()
+                    except Exception:
+                        pass
+                    for rec in recs:
+                        if failed:
+                            rec[_STATE] = "failed"
+                        else:
+                            self._complete(rec)
+            if self._events:
+                keep = []
+                for ev, rec in self._events:
+                    if ev.query():
+                        self._complete(rec)
+                    else:
+                        keep.append((ev, rec))
+                self._events = keep
+        except Exception as e:  # a torn-down process group must not break the watchdog
+            _report(e)
+
+    # -- output --------------------------------------------------------------------------------
+    def _materialise(self, r: list) -> Any:
+        from hangdoc.model import CollectiveRecord
+
+        name, ranks = r[_GROUP]
+        site = r[_SITE]
+        if isinstance(site, tuple):
+            code, line = site
+            site = f"{code.co_filename}:{line}:{code.co_name}"
+        return CollectiveRecord(
+            rank=_IDENT[0], seq=r[_SEQ], op=r[_OP], group=name, group_ranks=ranks, shapes=r[_SHAPES],
+            dtypes=r[_DTYPES], root=r[_ROOT], peer=r[_PEER], async_op=r[_ASYNC], call_site=site or "",
+            stream=r[_STREAM], phase=r[_PHASE], time_issued=r[_T0], time_completed=r[_T1], state=r[_STATE],
+            host=_IDENT[1], pid=os.getpid(), origin="hangdoc",
+        )
+
+    def default_path(self) -> str:
+        _refresh_identity()
+        rank, host = _IDENT
+        name = f"collectives-{host}-r{rank}-{os.getpid()}.jsonl"
+        try:
+            from hangdoc.runtime import options
+
+            out = options.output_dir(self.out_dir)
+            try:
+                name = options.file_name("collectives", None) or name
+            except Exception:
+                pass
+        except Exception:
+            out = self.out_dir or os.environ.get("HANGDOC_OUT") or "hangdoc-out"
+        return os.path.join(out, name)
+
+    def dump(self, path: Optional[str] = None) -> str:
+        """Write the buffer atomically as JSONL (header line, then one record per line); returns the path."""
+        from hangdoc.atomic import write_atomic
+
+        _refresh_identity()
+        path = path or self.default_path()
+        world = _world_size()
+        header = {"hangdoc": "collectives", "version": 1, "host": _IDENT[1], "rank": _IDENT[0],
+                  "pid": os.getpid(), "world_size": world, "capacity": self.capacity,
+                  "progress": self._progress, "dropped": max(0, self._total_issued() - len(self._buf))}
+        lines = [json.dumps(header)]
+        lines.extend(json.dumps(r.to_json()) for r in self.records())
+        write_atomic(path, "\n".join(lines) + "\n")
+        self.dumped_to = path
+        return path
+
+    def _total_issued(self) -> int:
+        return sum(self._seq.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# process-wide state
+
+_recorder: Optional[Recorder] = None
+_originals: Dict[Tuple[Any, str], Any] = {}
+_wait_original: Optional[Callable] = None
+_tls = threading.local()
+_IDENT: List[Any] = [0, "localhost"]  # rank, host: refreshed when the default group exists
+_phase: List[Optional[str]] = [None]
+_graph_task_id: Callable[[], int] = lambda: -1
+_reported = [False]
+_internal_code: Dict[Any, bool] = {}
+_internal_prefixes: Tuple[str, ...] = ()
+_groups: Dict[Any, Tuple[str, Tuple[int, ...]]] = {}  # pg (or None) -> (name, global ranks)
+_c10d: Any = None
+
+
+def _report(e: BaseException) -> None:
+    if _recorder is not None:
+        _recorder.errors += 1
+    if not _reported[0]:
+        _reported[0] = True
+        try:
+            sys.stderr.write(f"hangdoc recorder: {type(e).__name__}: {e} (recording continues; further errors are not shown)\n")
+        except Exception:
+            pass
+
+
+def _refresh_identity() -> None:
+    try:
+        from hangdoc.runtime.identity import identity
+
+        ident = identity()
+        _IDENT[0], _IDENT[1] = ident.rank, ident.host
+    except Exception as e:
+        _report(e)
+
+
+def _world_size() -> Optional[int]:
+    try:
+        if _c10d is not None and _c10d.is_initialized():
+            return _c10d.get_world_size()
+    except Exception:
+        pass
+    try:
+        return int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Tag every call issued inside the block with ``name`` (nested blocks: innermost wins).
+
+        >>> from hangdoc.runtime.recorder import phase
+        >>> with phase("eval"):
+        ...     pass
+    """
+    prev = _phase[0]
+    _phase[0] = name
+    try:
+        yield
+    finally:
+        _phase[0] = prev
+
+
+def _call_site(frame: Any) -> Any:
+    """The first frame outside torch, hangdoc and stdlib plumbing: (code, line), formatted lazily."""
+    f = frame
+    cache = _internal_code
+    while f is not None:
+        code = f.f_code
+        internal = cache.get(code)
+        if internal is None:
+            internal = cache[code] = code.co_filename.startswith(_internal_prefixes)
+        if not internal:
+            return (code, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+def _group_info(group: Any) -> Tuple[str, Tuple[int, ...]]:
+    info = _groups.get(group)
+    if info is None:
+        info = _groups[group] = _describe_group(group)
+    return info
+
+
+def _describe_group(group: Any) -> Tuple[str, Tuple[int, ...]]:
+    c10d = _c10d
+    pg = group if group is not None else c10d._get_default_group()
+    default = c10d._get_default_group() if c10d.is_initialized() else None
+    ranks = tuple(c10d.get_process_group_ranks(pg))
+    if pg is default:
+        _refresh_identity()
+        return ("default_pg", ranks)
+    name = getattr(pg, "group_name", None) or f"pg{id(pg)}"
+    return (str(name), ranks)
+
+
+def _tensor_meta(value: Any, objects: bool) -> Tuple[tuple, tuple, Any]:
+    """(shapes, dtypes, first tensor) of a tensor, a list of tensors or a list of lists."""
+    if objects:
+        n = len(value) if isinstance(value, (list, tuple)) else 1
+        return ((n,),), ("object",), None
+    if isinstance(value, (list, tuple)):
+        shapes, dtypes, first = [], [], None
+        for v in value:
+            if isinstance(v, (list, tuple)):
+                for w in v:
+                    shapes.append(tuple(w.shape))
+                    dtypes.append(_dtype_name(w.dtype))
+                    first = first if first is not None else w
+            else:
+                shapes.append(tuple(v.shape))
+                dtypes.append(_dtype_name(v.dtype))
+                first = first if first is not None else v
+        return tuple(shapes), tuple(dtypes), first
+    return (tuple(value.shape),), (_dtype_name(value.dtype),), value
+
+
+def _stream_of(tensor: Any) -> Optional[str]:
+    if tensor is None or not getattr(tensor, "is_cuda", False):
+        return None
+    import torch
+
+    s = torch.cuda.current_stream(tensor.device)
+    return "default" if s.stream_id == 0 else f"stream{s.stream_id}"
+
+
+def _issue(spec: _Spec, args: tuple, kwargs: dict, frame: Any) -> Tuple[list, Any]:
+    """Build the record of one call (before the call runs)."""
+    rec_obj = _recorder
+    group = _arg(args, kwargs, spec.group)
+    name, ranks = _group_info(group)
+    seq_key = name
+    seq = rec_obj._seq.get(seq_key, 0)
+    rec_obj._seq[seq_key] = seq + 1
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    first = None
+    if spec.tensor is not None:
+        value = _arg(args, kwargs, spec.tensor)
+        if value is not None:
+            shapes, dtypes, first = _tensor_meta(value, spec.objects)
+    root = _arg(args, kwargs, spec.root)
+    if root is None and spec.group_root is not None:
+        g = _arg(args, kwargs, spec.group_root)
+        if g is not None:
+            root = ranks[g] if ranks and 0 <= g < len(ranks) else g
+    peer = None
+    if spec.p2p:
+        peer, root = root, None
+    async_op = spec.always_async or bool(_arg(args, kwargs, spec.async_op, False))
+    ph = _phase[0]
+    if ph is None and _graph_task_id() != -1:
+        ph = "backward"
+    stream = _stream_of(first) if first is not None and first.is_cuda else None
+    rec = [seq, spec.op, (name, ranks), shapes, dtypes, root, peer, async_op, _call_site(frame),
+           stream, ph, time.time(), None, "issued"]
+    rec_obj._buf.append(rec)
+    return rec, first
+
+
+def _finish(rec: list, result: Any, first: Any) -> None:
+    r = _recorder
+    if rec[_ASYNC]:
+        if result is not None and hasattr(result, "is_completed"):
+            r._works[id(result)] = (result, [rec])
+            if len(r._works) > 256:
+                r._sweep()
+        else:
+            r._complete(rec)  # async_op=True on a rank outside the group returns None
+    elif rec[_STREAM] is not None:
+        import torch
+
+        ev = torch.cuda.Event()
+        ev.record()
+        r._events.append((ev, rec))
+        if len(r._events) > 256:
+            r._sweep()
+    else:
+        r._complete(rec)
+
+
+def _wrap(fn: Callable, spec: _Spec) -> Callable:
+    tls = _tls
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _recorder is None or getattr(tls, "busy", False):
+            return fn(*args, **kwargs)  # off, or a call made by another wrapped function
+        try:
+            rec, first = _issue(spec, args, kwargs, sys._getframe(1))
+        except Exception as e:
+            _report(e)
+            return fn(*args, **kwargs)
+        tls.busy = True
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            rec[_STATE] = "failed"
+            rec[_T1] = time.time()
+            raise
+        finally:
+            tls.busy = False
+        try:
+            _finish(rec, result, first)
+        except Exception as e:
+            _report(e)
+        return result
+
+    wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_batch(fn: Callable) -> Callable:
+    """batch_isend_irecv: one record per P2POp (peer as global rank), completed with its Work."""
+    tls = _tls
+
+    @functools.wraps(fn)
+    def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
+        if _recorder is None or getattr(tls, "busy", False):
+            return fn(p2p_op_list, *args, **kwargs)
+        recs: List[list] = []
+        try:
+            frame = sys._getframe(1)
+            for p in p2p_op_list:
+                # P2POps built from the unwrapped isend/irecv (before enable) must still pass
+                # batch_isend_irecv's identity check against the (wrapped) module globals.
+                orig = getattr(p.op, "__hangdoc_original__", p.op)
+                opname = getattr(orig, "__name__", "p2p")
+                for (mod, attr), o in _originals.items():
+                    if o is p.op:
+                        p.op = getattr(mod, attr)
+                        break
+                spec = _SPECS_BY_NAME.get(opname) or _Spec(opname, ["tensor", "dst", "group"])
+                rec, _ = _issue(spec, (p.tensor,), {"group": p.group}, frame)
+                rec[_PEER] = p.peer
+                rec[_OP] = "isend" if opname == "isend" else "irecv" if opname == "irecv" else opname
+                rec[_ASYNC] = True
+                recs.append(rec)
+        except Exception as e:
+            _report(e)
+        tls.busy = True
+        try:
+            works = fn(p2p_op_list, *args, **kwargs)
+        except BaseException:
+            for rec in recs:
+                rec[_STATE] = "failed"
+            raise
+        finally:
+            tls.busy = False
+        try:
+            r = _recorder
+            works_l = list(works or ())
+            if works_l and len(works_l) == len(recs):
+                for w, rec in zip(works_l, recs):
+                    r._works[id(w)] = (w, [rec])
+            elif works_l:  # one coalesced Work for the whole batch (NCCL)
+                r._works[id(works_l[-1])] = (works_l[-1], recs)
+            else:
+                for rec in recs:
+                    r._complete(rec)
+        except Exception as e:
+            _report(e)
+        return works
+
+    wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_group_maker(fn: Callable) -> Callable:
+    """new_group & co: the group registry forgets stale entries (and learns new ones lazily)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        if fn.__name__ == "destroy_process_group":
+            _groups.clear()
+        return result
+
+    wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _work_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+    result = _wait_original(self, *args, **kwargs)  # type: ignore[misc]
+    r = _recorder
+    if r is not None and r._works:
+        entry = r._works.get(id(self))
+        if entry is not None and entry[0] is self:
+            try:
+                if entry[1] and entry[1][0][_STREAM] is not None:
+                    return result  # CUDA: wait() only orders streams; completion comes from the sweep
+                r._works.pop(id(self), None)
+                for rec in entry[1]:
+                    r._complete(rec)
+            except Exception as e:
+                _report(e)
+    return result
+
+
+_SPECS_BY_NAME: Dict[str, _Spec] = {}
+
+
+def discover(c10d: Any) -> Dict[str, _Spec]:
+    """Communication entry points of this torch: public c10d functions with a ``group`` parameter
+    and a tensor/object/async argument, plus :data:`KNOWN`."""
+    import inspect
+    import warnings
+
+    specs: Dict[str, _Spec] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated aliases (reduce_op) warn when inspected
+        _discover_into(c10d, specs, inspect)
+    return specs
+
+
+def _discover_into(c10d: Any, specs: Dict[str, "_Spec"], inspect: Any) -> None:
+    namespace = vars(c10d)  # not getattr: deprecated aliases warn when touched
+    for name in sorted(set(namespace) | set(KNOWN)):
+        if name in _NOT_COMM or (name.startswith("_") and name not in KNOWN):
+            continue
+        fn = namespace.get(name)
+        if not inspect.isfunction(fn) or not getattr(fn, "__module__", "").startswith("torch.distributed"):
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            continue
+        if name == "batch_isend_irecv":
+            specs[name] = _Spec(name, params)
+            continue
+        comm = "group" in params and (
+            "async_op" in params or any(p in params for p in _INPUT_PARAMS) or name in KNOWN
+        )
+        if comm or name in KNOWN:
+            specs[name] = _Spec(name.lstrip("_") if name in ("_all_gather_base", "_reduce_scatter_base") else name, params)
+
+
+def intercepted() -> List[str]:
+    """Names wrapped in this process (empty when off)."""
+    return sorted({attr for (_, attr) in _originals})
+
+
+def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[Recorder]:
+    """Start recording (idempotent); returns the Recorder, or None when torch.distributed is absent.
+
+        >>> from hangdoc.runtime import recorder
+        >>> r = recorder.enable(capacity=10)
+        >>> r is recorder.enable() and r.records() == []
+        True
+        >>> recorder.disable()
+    """
+    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _wait_original
+    if _recorder is not None:
+        return _recorder
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return None
+        import torch.distributed.distributed_c10d as c10d
+    except Exception:
+        return None
+    _c10d = c10d
+    import hangdoc
+
+    stdlib = os.path.dirname(contextlib.__file__)
+    _internal_prefixes = (
+        os.path.dirname(torch.__file__) + os.sep,
+        os.path.dirname(hangdoc.__file__) + os.sep,
+        os.path.join(stdlib, "contextlib.py"),
+        os.path.join(stdlib, "functools.py"),
+        os.path.join(stdlib, "threading.py"),
+        "<frozen ",
+    )
+    _internal_code.clear()
+    gid = getattr(torch._C, "_current_graph_task_id", None)
+    _graph_task_id = gid if callable(gid) else (lambda: -1)
+    rec = Recorder(capacity=capacity, out_dir=out_dir)
+    _refresh_identity()
+
+    specs = discover(c10d)
+    _SPECS_BY_NAME.clear()
+    _SPECS_BY_NAME.update(specs)
+    modules = [c10d, dist]
+    for name, spec in specs.items():
+        fn = getattr(c10d, name)
+        wrapped = _wrap_batch(fn) if name == "batch_isend_irecv" else _wrap(fn, spec)
+        for mod in modules:
+            if getattr(mod, name, None) is fn:
+                _originals[(mod, name)] = fn
+                setattr(mod, name, wrapped)
+    for name in ("destroy_process_group",):
+        fn = getattr(c10d, name, None)
+        if fn is not None:
+            wrapped = _wrap_group_maker(fn)
+            for mod in modules:
+                if getattr(mod, name, None) is fn:
+                    _originals[(mod, name)] = fn
+                    setattr(mod, name, wrapped)
+    try:
+        _wait_original = c10d.Work.wait
+        c10d.Work.wait = _work_wait
+    except Exception as e:
+        _wait_original = None
+        _report(e)
+    _groups.clear()
+    _recorder = rec
+    atexit.register(_dump_at_exit)
+    return rec
+
+
+def _dump_at_exit() -> None:
+    r = _recorder
+    if r is not None and r._buf:
+        try:
+            r.dump()
+        except Exception as e:
+            _report(e)
+
+
+def disable() -> None:
+    """Stop recording and restore every wrapped function (the Recorder stays readable)."""
+    global _recorder, _wait_original
+    for (mod, name), fn in list(_originals.items()):
+        setattr(mod, name, fn)
+    _originals.clear()
+    if _wait_original is not None and _c10d is not None:
+        _c10d.Work.wait = _wait_original
+        _wait_original = None
+    try:
+        atexit.unregister(_dump_at_exit)
+    except Exception:
+        pass
+    _recorder = None
+    _groups.clear()
+
+
+def get() -> Optional[Recorder]:
+    """The active Recorder, or None."""
+    return _recorder
