@@ -299,7 +299,13 @@ class Watchdog:
         ident = identity()
         tag = _tag_line(ident, reason, self)
         os.makedirs(self.out_dir, exist_ok=True)
-        path = os.path.join(self.out_dir, stacks_file_name(ident.host, ident.rank, ident.pid))
+        try:
+            from hangdoc.runtime.options import file_name
+
+            name = file_name("stacks", ident)
+        except ImportError:
+            name = stacks_file_name(ident.host, ident.rank, ident.pid)
+        path = os.path.join(self.out_dir, name)
         if traceback_text is None:
             # faulthandler needs a real file descriptor; write the temporary file of an atomic
             # write ourselves.

@@ -1,0 +1,322 @@
+"""Sharing stall dumps between ranks through the job's own torch.distributed store.
+
+When a rank's watchdog fires, it puts its stacks and records into the store the job already has
+(torchrun's TCPStore: it is served by the launcher, so it answers while NCCL is wedged) under
+``hangdoc/dump/{rank}``. The lowest stalled rank (rank 0 normally; a rank that sees no lower rank
+post within a few seconds takes over) collects the others' entries for a bounded time, writes them
+as files into its output directory, runs the aggregator on them and prints the verdict to stderr
+with the ``[host:rank]`` prefix, so the verdict lands in the job's log even without a shared
+filesystem. When the store cannot be reached, the ranks' files in the (shared) output directory
+are used instead.
+
+A rank that makes progress again deletes its entry, so an entry in the store always describes a
+stall that is still going on; a stall that persists is dumped and shared again (watchdog).
+
+Everything here runs in the watchdog's daemon thread: every store operation has a timeout
+(a clone of the store with its own 2 s timeout: the job's store keeps its own), waits are bounded,
+nothing is a collective. ::
+
+    >>> sorted(entry_files({"files": {"stacks-n-r1-7.txt": "x", "../evil": "y"}}))
+    ['stacks-n-r1-7.txt']
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+#: store key of one rank's current stall entry
+KEY = "hangdoc/dump/{rank}"
+#: seconds each store operation may take
+STORE_TIMEOUT = 2.0
+#: how long the aggregating rank waits for the other ranks' entries
+COLLECT_WAIT = 3.0
+#: how long a rank > 0 waits for a lower rank to post before it takes over the report
+TAKEOVER_WAIT = 2.0
+#: size caps per entry: stacks are small, records are cut to their most recent lines
+MAX_STACKS = 512 * 1024
+MAX_RECORDS = 2 * 1024 * 1024
+
+_FILE_RE = re.compile(r"^(stacks|collectives)-[\w.\-]+\.(txt|jsonl)$")
+
+_store_cache: Dict[str, Any] = {}
+
+
+# -- the store ---------------------------------------------------------------------------------
+def _store() -> Any:
+    """A clone of the job's default store with a short timeout, or None when there is none."""
+    if "store" in _store_cache:
+        return _store_cache["store"]
+    store = None
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            import datetime
+
+            timeout = datetime.timedelta(seconds=STORE_TIMEOUT)
+            try:
+                from torch.distributed import distributed_c10d as c10d
+
+                store = c10d._get_default_store().clone()
+                store.set_timeout(timeout)
+            except Exception:
+                # older torch: no clone(); a client of its own on the launcher's store
+                host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+                if host and port:
+                    store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+    except Exception:
+        store = None
+    _store_cache["store"] = store
+    return store
+
+
+def _store_failed() -> None:
+    _store_cache["store"] = None
+
+
+def _has(store: Any, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except Exception:
+        return False
+
+
+# -- entries -----------------------------------------------------------------------------------
+def _read_capped(path: str, cap: int) -> str:
+    """The file, or for big ones its first line (the records header) and its last ``cap`` bytes."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if size <= cap:
+            return f.read().decode("utf-8", "replace")
+        head = f.readline()
+        f.seek(size - cap)
+        f.readline()  # skip the partial line
+        return (head + f.read()).decode("utf-8", "replace")
+
+
+def make_entry(paths: Sequence[str], ident: Any, reason: str, last_progress_wall: float) -> Dict[str, Any]:
+    files: Dict[str, str] = {}
+    for p in paths:
+        name = os.path.basename(p)
+        try:
+            files[name] = _read_capped(p, MAX_RECORDS if name.endswith(".jsonl") else MAX_STACKS)
+        except OSError:
+            pass
+    return {
+        "hangdoc": "stall",
+        "version": 1,
+        "host": ident.host,
+        "rank": ident.rank,
+        "pid": ident.pid,
+        "world_size": ident.world_size,
+        "reason": reason,
+        "time": time.time(),
+        "last_progress": last_progress_wall,
+        "files": files,
+    }
+
+
+def entry_files(entry: Dict[str, Any]) -> Dict[str, str]:
+    """The entry's files whose names are hangdoc's own (nothing else is ever written)."""
+    files = entry.get("files") or {}
+    return {n: t for n, t in files.items() if isinstance(t, str) and _FILE_RE.match(n)}
+
+
+# -- the protocol ------------------------------------------------------------------------------
+def share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
+    """Post this rank's dump; if this rank is the lowest stalled one, write and print the report.
+
+    Returns the report path when this rank wrote it. Never raises.
+    """
+    try:
+        return _share(dog, paths, reason)
+    except Exception as e:
+        _say(f"hangdoc watchdog: report failed: {type(e).__name__}: {e}")
+        return None
+
+
+def withdraw(dog: Any) -> None:
+    """This rank progresses again: its entry no longer describes a stall."""
+    store = _store()
+    if store is None:
+        return
+    from hangdoc.runtime.identity import identity
+
+    try:
+        store.delete_key(KEY.format(rank=identity().rank))
+    except Exception:
+        pass
+
+
+def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
+    from hangdoc.runtime.identity import identity
+
+    started = time.monotonic()
+    ident = identity()
+    entry = make_entry(paths, ident, reason, dog.last_progress_wall)
+    store = _store()
+    if store is not None:
+        try:
+            store.set(KEY.format(rank=ident.rank), json.dumps(entry))
+        except Exception as e:
+            _say(f"hangdoc watchdog: store unreachable ({type(e).__name__}); using files in {dog.out_dir}")
+            _store_failed()
+            store = None
+
+    world = max(1, ident.world_size)
+    if ident.rank > 0 and world > 1:
+        deadline = started + TAKEOVER_WAIT
+        while True:
+            if _lower_rank_posted(store, dog, ident.rank):
+                return None  # a lower rank writes the report
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        _say(f"hangdoc watchdog: no lower rank reported; rank {ident.rank} writes the report")
+
+    _preload_offline()
+    entries = {ident.rank: entry}
+    deadline = time.monotonic() + COLLECT_WAIT
+    while True:
+        if store is not None:
+            _collect_store(store, world, entries)
+        else:
+            _collect_files(dog, entries)
+        if len(entries) >= world or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    return _report(dog, ident, entries, world)
+
+
+def _lower_rank_posted(store: Any, dog: Any, rank: int) -> bool:
+    if store is not None:
+        try:
+            return any(store.check([KEY.format(rank=r)]) for r in range(rank))
+        except Exception:
+            return False
+    return any(r < rank for r in _fresh_files(dog))
+
+
+def _collect_store(store: Any, world: int, entries: Dict[int, Dict[str, Any]]) -> None:
+    for r in range(world):
+        if r in entries:
+            continue
+        key = KEY.format(rank=r)
+        if not _has(store, key):
+            continue
+        try:
+            entry = json.loads(store.get(key).decode("utf-8", "replace"))
+        except Exception:
+            continue
+        if isinstance(entry, dict):
+            entries[r] = entry
+
+
+_RANK_IN_NAME = re.compile(r"^(?:stacks|collectives)-.*-r(\d+)-\d+\.(?:txt|jsonl)$")
+
+
+def _fresh_files(dog: Any) -> Dict[int, List[str]]:
+    """Files of this stall in the output directory (shared filesystem fallback), by rank."""
+    since = dog.last_progress_wall - max(2.0, dog.hang_timeout)
+    found: Dict[int, List[str]] = {}
+    for path in glob.glob(os.path.join(dog.out_dir, "*-r*-*.*")):
+        m = _RANK_IN_NAME.match(os.path.basename(path))
+        try:
+            if m and os.path.getmtime(path) >= since:
+                found.setdefault(int(m.group(1)), []).append(path)
+        except OSError:
+            pass
+    return found
+
+
+def _collect_files(dog: Any, entries: Dict[int, Dict[str, Any]]) -> None:
+    for r, paths in _fresh_files(dog).items():
+        if r not in entries:
+            entries[r] = {"rank": r, "paths": paths}
+
+
+def _preload_offline() -> None:
+    # Import the offline side now, while the other ranks are still posting, not after.
+    for name in ("hangdoc.readers", "hangdoc.analysis.grouping", "hangdoc.analysis.diagnose", "hangdoc.renderers.text"):
+        try:
+            __import__(name)
+        except Exception:
+            pass
+
+
+def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int) -> Optional[str]:
+    from hangdoc.atomic import write_atomic
+
+    paths: List[str] = []
+    for r, entry in sorted(entries.items()):
+        if "paths" in entry:
+            paths.extend(entry["paths"])
+            continue
+        for name, text in entry_files(entry).items():
+            path = os.path.join(dog.out_dir, name)
+            if r != ident.rank:
+                write_atomic(path, text)
+            paths.append(path)
+
+    from hangdoc.analysis import analyse
+    from hangdoc.readers import read_paths
+    from hangdoc.renderers import render
+
+    job = read_paths(paths)
+    if job.world_size is None or job.world_size < world:
+        job.world_size = world
+    report = analyse(job)
+    text_path = os.path.join(dog.out_dir, "report.txt")
+    write_atomic(text_path, render(report, "text"))
+    try:
+        write_atomic(os.path.join(dog.out_dir, "report.json"), render(report, "json"))
+    except Exception as e:  # the text report and the verdict matter more than the JSON
+        _say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
+    _say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path), ident)
+    return text_path
+
+
+def verdict(report: Any, ranks: List[int], world: int, since: float, path: str) -> str:
+    """The lines printed into the job's log: headline, culprits, advice, where the report is."""
+    from hangdoc.ranges import compress_ranks
+
+    lines = [f"hangdoc: HANG: no progress for {since:.1f}s; dumps from ranks {compress_ranks(ranks)} of {world}"]
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        lines.append(f"hangdoc:   no dump from ranks {compress_ranks(missing)}")
+    findings = list(getattr(report, "findings", []) or [])
+    for i, f in enumerate(findings[:3]):
+        lines.append(f"hangdoc: {'VERDICT' if i == 0 else 'also'}: [{f.kind}] {f.summary}")
+        if i == 0:
+            for c in f.culprits[:8]:
+                who = f"rank {c.rank}" if c.rank is not None else "process"
+                lines.append(f"hangdoc:   culprit: {who} ({c.host or '?'} pid {c.pid if c.pid is not None else '?'})")
+            for a in f.advice[:3]:
+                lines.append(f"hangdoc:   advice: {a}")
+    lines.append(f"hangdoc: full report: {path}")
+    return "\n".join(lines)
+
+
+def _prefix(ident: Any) -> str:
+    # Under hangdoc's fd-level prefixing the lines get their prefix on the way out already.
+    prefix = sys.modules.get("hangdoc.runtime.prefix")
+    try:
+        if prefix is not None and prefix.active():
+            return ""
+    except Exception:
+        pass
+    return f"[{ident.host}:{ident.rank}] "
+
+
+def _say(message: str, ident: Any = None) -> None:
+    prefix = _prefix(ident) if ident is not None else ""
+    data = "".join(prefix + line + "\n" for line in message.splitlines())
+    try:
+        os.write(2, data.encode("utf-8", "replace"))
+    except OSError:
+        pass
