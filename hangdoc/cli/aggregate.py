@@ -92,7 +92,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def read_rank_map(path: str) -> Dict[str, int]:
-    """A rank map file: a JSON object ``{"host:pid": rank, "pid": rank}`` or lines ``KEY RANK``.
+    """A rank map file: a JSON object ``{"host:pid": rank}`` (values may also be ``{"rank": R, ...}``,
+    as in a fixture's ``truth.json``) or lines ``KEY RANK`` / ``HOST PID RANK``.
 
         >>> import tempfile
         >>> p = tempfile.mktemp()
@@ -109,7 +110,14 @@ def read_rank_map(path: str) -> Dict[str, int]:
     if text.lstrip().startswith("{"):
         try:
             doc = json.loads(text)
-            return {str(k): int(v) for k, v in doc.items()}
+            out = {}
+            for k, v in doc.items():
+                if isinstance(v, dict):  # the answer-key form {"host:pid": {"rank": R, ...}}
+                    v = v.get("rank")
+                    if v is None:
+                        continue
+                out[str(k)] = int(v)
+            return out
         except (ValueError, TypeError, AttributeError) as e:
             raise UsageError(f"{path}:1: not a JSON object of KEY: RANK ({e})")
     out: Dict[str, int] = {}

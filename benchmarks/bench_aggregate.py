@@ -1,0 +1,111 @@
+"""``hangdoc aggregate`` end to end on N-rank dump sets, side by side with the perl one-liner used today.
+
+    python benchmarks/bench_aggregate.py                    # N = 384, 8192, 131072
+    python benchmarks/bench_aggregate.py --sizes 384 --repeat 5
+
+For each N it generates (once, cached under ``--root``) a dump set from the real captured dumps in
+``tests/fixtures/dumps`` (see ``gen_dumps.py``: srun-style ``trace-nodeNNNN.out`` files, 8 processes
+per file, a culprit, a few outliers, one unresponsive and one missing rank, and a rank map), then
+times, on the same files and in the same run:
+
+* ``hangdoc aggregate DIR --rank-map DIR/rank-map.json`` in a subprocess (text report to a pipe),
+  wall time and peak RSS (``os.wait4`` of that child);
+* the baseline: the one-liner that prints each MainThread's top frame and counts them,
+  ``perl -ne '...' trace-*.out | sort | uniq -c | sort -rn``.
+
+It prints the best of ``--repeat`` runs and the ratios; the targets (384 ranks ≤ 0.3 s, 131,072
+ranks ≤ 5 s, peak RSS ≤ 500 MB) are checked and printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from typing import List, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, os.pardir))
+sys.path.insert(0, HERE)
+
+import gen_dumps  # noqa: E402
+
+#: The top-frame extraction people run today: the line after each MainThread header, counted.
+PERL = r"""perl -ne 'if ($m) { print; $m = 0 } $m = 1 if /^Thread .*"MainThread"/' trace-*.out | sort | uniq -c | sort -rn"""
+
+TARGETS = {384: 0.3, 131072: 5.0}
+RSS_TARGET_MB = 500
+
+
+def run(cmd: List[str], cwd: str, env=None, shell: bool = False) -> Tuple[float, float, int, str]:
+    """(wall seconds, peak RSS in MB of the child and its waited-for descendants, exit status, stdout)."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd if not shell else cmd[0], cwd=cwd, env=env, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # read before waiting so a large report cannot fill the pipe and stall the child
+    out = p.stdout.read()  # type: ignore[union-attr]
+    err = p.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        sys.stderr.write(err.decode("utf-8", "replace")[-2000:])
+    return wall, usage.ru_maxrss / 1024.0, p.returncode, out.decode("utf-8", "replace")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="384,8192,131072")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--root", default=os.environ.get("HANGDOC_BENCH_DIR", "/tmp/hangdoc-bench"))
+    ap.add_argument("--format", default="text", choices=("text", "json", "markdown"))
+    ap.add_argument("--show", action="store_true", help="print the start of each report")
+    args = ap.parse_args()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("HANGDOC_DEBUG", None)
+    rows = []
+    for n in [int(x) for x in args.sizes.split(",")]:
+        d = gen_dumps.ensure(n, args.root)
+        files = [f for f in os.listdir(d) if f.startswith("trace-")]
+        mb = sum(os.path.getsize(os.path.join(d, f)) for f in files) / 1e6
+        cmd = [sys.executable, "-m", "hangdoc", "aggregate", ".", "--rank-map", "rank-map.json", "--format", args.format]
+        best_h = best_p = None
+        for _ in range(args.repeat):
+            h = run(cmd, d, env)
+            p = run([PERL], d, shell=True)
+            if h[2] != 0:
+                print(f"N={n}: hangdoc exited {h[2]}", file=sys.stderr)
+                return 1
+            best_h = h if best_h is None or h[0] < best_h[0] else best_h
+            best_p = p if best_p is None or p[0] < best_p[0] else best_p
+        assert best_h is not None and best_p is not None
+        if args.show:
+            print("\n".join(best_h[3].splitlines()[:12]))
+            print("\n".join(best_p[3].splitlines()[:4]))
+        rows.append((n, len(files), mb, best_h, best_p))
+        _print_row(rows[-1])
+    print()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, best of {args.repeat}; baseline: {PERL}")
+    return 0
+
+
+_header_done = False
+
+
+def _print_row(row) -> None:
+    global _header_done
+    n, files, mb, h, p = row
+    if not _header_done:
+        print(f"{'ranks':>7} {'files':>6} {'MB':>6} | {'hangdoc s':>9} {'RSS MB':>7} | {'perl s':>7} {'RSS MB':>7} | {'time ratio':>10} | target")
+        _header_done = True
+    target = TARGETS.get(n)
+    verdict = []
+    if target is not None:
+        verdict.append(f"≤{target} s {'ok' if h[0] <= target else 'MISSED'}")
+    verdict.append(f"RSS≤{RSS_TARGET_MB} MB {'ok' if h[1] <= RSS_TARGET_MB else 'MISSED'}")
+    print(f"{n:>7} {files:>6} {mb:>6.1f} | {h[0]:>9.3f} {h[1]:>7.1f} | {p[0]:>7.3f} {p[1]:>7.1f} | {h[0] / max(p[0], 1e-9):>9.2f}x | {', '.join(verdict)}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
