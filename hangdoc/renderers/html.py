@@ -1,0 +1,629 @@
+"""A self-contained HTML report: verdict first, then the merged tree drawn as a picture.
+
+One file with inline CSS, a few lines of inline JS and an inline SVG computed here, so that it opens
+from a cluster's shared filesystem with no network. The picture is drawn from groups, never from
+processes (see :mod:`hangdoc.renderers.treeview`), so 131,072 processes give a file of about the
+same size as 16.
+
+Everything that came from a dump (frame names, files, hosts, messages) goes through :func:`esc`,
+and a Content-Security-Policy allows only the page's own script, by hash: an escaping slip would
+still not run anything.
+
+    >>> from hangdoc.model import Finding, Frame, Group, Process, Report, Job
+    >>> p = Process(host="n1", pid=7, rank=0)
+    >>> g = Group(stack=(Frame("<script>x</script>", "a.py", 1),), members=[p])
+    >>> page = render(Report(job=Job(processes=[p]), groups=[g]), None)
+    >>> "<script>x</script>" in page, "&lt;script&gt;x&lt;/script&gt;" in page
+    (False, True)
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import re
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from hangdoc.model import Culprit, Finding, Frame, Group, Process, Report
+from hangdoc.ranges import compress_hosts, compress_ranks, describe_ranks
+from hangdoc.renderers import treeview
+from hangdoc.renderers.treeview import Line, View, ViewNode
+
+# Sizes of the drawn tree, in px. Frames are in a monospace font so that widths can be computed
+# here: DejaVu Sans Mono / Menlo / Consolas all advance 0.6 em.
+FONT = 12
+CHAR_W = FONT * 0.61
+BOX_W = 300
+ROOT_W = 150
+BOX_CHARS = int((BOX_W - 16) / CHAR_W)
+LINE_H = 16
+PAD = 7
+BADGE_H = 20
+GAP = 200  # between columns: room for the edge labels
+EDGE_CHARS = 26
+VGAP = 16
+MARGIN = 12
+POP_MAX_LINES = 60
+POP_CHARS = 90
+
+#: how much of a long list the page shows before saying "… N more".
+MAX_TEXT = 600
+MAX_ROWS = 300
+MAX_ERRORS = 500
+MAX_CULPRITS = 40
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def esc(value: object) -> str:
+    """Escape for HTML text *and* attribute values (also SVG in HTML): ``<>&"'`` and control chars.
+
+    >>> esc('<img src=x onerror="alert(1)">')
+    '&lt;img src=x onerror=&quot;alert(1)&quot;&gt;'
+    """
+    text = _CONTROL.sub("\ufffd", str(value))
+    return html.escape(text, quote=True)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis (before escaping)."""
+    return text if len(text) <= limit else text[: max(1, limit - 1)] + "…"
+
+
+def _num(n: int) -> str:
+    return f"{n:,}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{_num(n)} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"
+
+
+_SCRIPT = """
+(function () {
+  function toggle(el) {
+    var pop = document.getElementById(el.getAttribute('data-pop'));
+    if (pop) { pop.classList.toggle('open'); el.setAttribute('aria-expanded', pop.classList.contains('open')); }
+  }
+  document.addEventListener('click', function (ev) {
+    var el = ev.target.closest && ev.target.closest('[data-pop]');
+    if (el) { toggle(el); }
+  });
+  document.addEventListener('keydown', function (ev) {
+    var el = ev.target.closest && ev.target.closest('[data-pop]');
+    if (el && (ev.key === 'Enter' || ev.key === ' ')) { ev.preventDefault(); toggle(el); }
+  });
+  var boxes = document.querySelectorAll('[data-groups]');
+  function mark(g, on) {
+    for (var i = 0; i < boxes.length; i++) {
+      var gs = boxes[i].getAttribute('data-groups').split(' ');
+      if (gs.indexOf(g) >= 0) { boxes[i].classList.toggle('hl', on); }
+    }
+  }
+  var rows = document.querySelectorAll('[data-group]');
+  for (var i = 0; i < rows.length; i++) {
+    rows[i].addEventListener('mouseenter', function () { mark(this.getAttribute('data-group'), true); });
+    rows[i].addEventListener('mouseleave', function () { mark(this.getAttribute('data-group'), false); });
+  }
+})();
+"""
+
+_CSS = """
+:root { --ink:#102a43; --muted:#627d98; --line:#bcccdc; --bg:#f0f4f8; --bad:#c62828; --badbg:#fdecea; --ok:#2e7d32; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; color: var(--ink); margin: 0; background: #fff; }
+header { background: #102a43; color: #fff; padding: 14px 24px; }
+header h1 { margin: 0; font-size: 20px; font-weight: 600; }
+header .stats { color: #bcccdc; margin-top: 4px; }
+main { padding: 8px 24px 40px; max-width: 1600px; }
+h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+code, .mono { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12.5px; }
+.kind { display: inline-block; font: 600 12px/1 "DejaVu Sans Mono", Menlo, monospace; padding: 4px 7px; border-radius: 4px; background: #334e68; color: #fff; vertical-align: middle; }
+.verdict { border: 2px solid var(--bad); background: var(--badbg); border-radius: 8px; padding: 14px 18px; margin-top: 16px; }
+.verdict.calm { border-color: var(--ok); background: #edf7ee; }
+.verdict .summary { font-size: 19px; font-weight: 600; margin: 6px 0; }
+.verdict .kind { background: var(--bad); }
+.verdict.calm .kind { background: var(--ok); }
+.finding { border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; margin-top: 10px; }
+.finding .summary { font-weight: 600; }
+.conf { color: var(--muted); font-size: 12px; margin-left: 6px; }
+.culprits a, a.g { color: var(--bad); font-weight: 600; }
+ul.ev, ul.adv { margin: 4px 0; padding-left: 20px; }
+.label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; margin-top: 6px; }
+.scroll { overflow: auto; border: 1px solid var(--line); border-radius: 6px; background: var(--bg); max-height: 85vh; }
+.note { color: var(--muted); }
+table { border-collapse: collapse; margin-top: 6px; }
+th, td { text-align: left; padding: 3px 10px; border-bottom: 1px solid #e4e7eb; vertical-align: top; }
+th { color: var(--muted); font-weight: 600; font-size: 12px; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+article.group { border: 1px solid var(--line); border-radius: 6px; margin-top: 10px; padding: 6px 14px; }
+article.group.culprit { border: 2px solid var(--bad); }
+article.group:target { box-shadow: 0 0 0 3px #f0b429; }
+article.group h3 { font-size: 15px; margin: 4px 0; }
+ol.stack { margin: 4px 0; padding-left: 36px; }
+ol.stack li.plumbing, ol.stack details { color: var(--muted); }
+ol.stack .loc { color: var(--muted); }
+details > summary { cursor: pointer; color: #486581; }
+.errors li { font-family: "DejaVu Sans Mono", Menlo, monospace; font-size: 12.5px; }
+svg.tree { display: block; }
+svg.tree text { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12px; fill: #102a43; }
+svg.tree .fn { font-weight: 600; }
+svg.tree .loc { fill: #627d98; font-weight: 400; }
+svg.tree .plumb { fill: #829ab1; }
+svg.tree .fold { fill: #486581; font-style: italic; text-decoration: underline dotted; cursor: pointer; }
+svg.tree .box rect.frame { fill: #fff; stroke: #9fb3c8; stroke-width: 1.2; }
+svg.tree .box.culprit rect.frame { fill: #fdecea; stroke: #c62828; stroke-width: 2.2; }
+svg.tree .box.hl rect.frame { stroke: #f0b429; stroke-width: 3; }
+svg.tree .box.root rect.frame { fill: #334e68; stroke: #334e68; }
+svg.tree .box.root text { fill: #fff; font-family: system-ui, "DejaVu Sans", sans-serif; font-weight: 600; }
+svg.tree path.edge { fill: none; stroke: #9fb3c8; }
+svg.tree path.edge.culprit { stroke: #c62828; }
+svg.tree text.el { font-family: system-ui, "DejaVu Sans", sans-serif; font-size: 11.5px; fill: #334e68; }
+svg.tree text.el.culprit { fill: #b71c1c; font-weight: 700; }
+svg.tree .badge rect { fill: #486581; }
+svg.tree .badge.culprit rect { fill: #c62828; }
+svg.tree .badge text { fill: #fff; font-family: system-ui, "DejaVu Sans", sans-serif; font-size: 11.5px; font-weight: 600; }
+svg.tree .pop { display: none; }
+svg.tree .pop.open { display: inline; }
+svg.tree .pop rect { fill: #fffbea; stroke: #f0b429; }
+svg.tree .pop text { font-size: 11.5px; }
+.legend span { margin-right: 18px; }
+.sw { display: inline-block; width: 12px; height: 12px; border-radius: 2px; vertical-align: -1px; margin-right: 4px; border: 1px solid #9fb3c8; }
+footer { color: var(--muted); font-size: 12px; padding: 10px 24px 30px; }
+"""
+
+
+def render(report: Report, options) -> str:
+    """The whole page as a string; write it with ``hangdoc.atomic.write_atomic``."""
+    from hangdoc.renderers import RenderOptions
+
+    options = options or RenderOptions()
+    view = treeview.build_view(report, options.max_groups, options.show_plumbing)
+    page = _Page(report, view)
+    return page.render()
+
+
+def _sha256(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+
+
+class _Page:
+    def __init__(self, report: Report, view: View):
+        self.report = report
+        self.view = view
+        self.groups = report.groups
+        # group index -> the anchor of its section (every group has one: drawn ones as articles,
+        # the rest as rows of the table that follows).
+        self.total = sum(g.count for g in self.groups)
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def glink(self, i: int, text: Optional[str] = None) -> str:
+        return f'<a class="g" href="#group-{i + 1}">{esc(text or f"G{i + 1}")}</a>'
+
+    def culprit_html(self, c: Culprit) -> str:
+        who = Process(host=c.host, pid=c.pid, rank=c.rank).describe()
+        i = treeview.group_of_culprit(self.report, c.host, c.pid, c.rank)
+        if i is None:
+            return f"<span>{esc(who)}</span>"
+        return f'<a href="#group-{i + 1}">{esc(who)}</a> <span class="note">→ stack G{i + 1}</span>'
+
+    def finding_html(self, f: Finding, headline: bool) -> str:
+        out: List[str] = []
+        calm = f.kind == "no-hang"
+        cls = ("verdict calm" if calm else "verdict") if headline else "finding"
+        out.append(f'<div class="{cls}">')
+        out.append(f'<span class="kind">{esc(f.kind)}</span><span class="conf">confidence {f.confidence:.2f}</span>')
+        out.append(f'<div class="summary">{esc(f.summary)}</div>')
+        if f.culprits:
+            ranks = [c.rank for c in f.culprits if c.rank is not None]
+            shown = f.culprits[:MAX_CULPRITS]
+            out.append('<div class="label">culprits</div><div class="culprits">')
+            out.append(", ".join(self.culprit_html(c) for c in shown))
+            if len(f.culprits) > len(shown):
+                rest = f" (all ranks: {esc(clip(compress_ranks(ranks), MAX_TEXT))})" if ranks else ""
+                out.append(f' <span class="note">and {_num(len(f.culprits) - len(shown))} more{rest}</span>')
+            out.append("</div>")
+        for title, items, cls2 in (("evidence", f.evidence, "ev"), ("what to do", f.advice, "adv")):
+            if items:
+                out.append(f'<div class="label">{title}</div><ul class="{cls2}">')
+                out.extend(f"<li>{esc(clip(x, 2000))}</li>" for x in items[:50])
+                if len(items) > 50:
+                    out.append(f'<li class="note">… {_num(len(items) - 50)} more</li>')
+                out.append("</ul>")
+        out.append("</div>")
+        return "\n".join(out)
+
+    def header(self) -> str:
+        r = self.report
+        procs = r.job.processes if r.job is not None else []
+        n_proc = len(procs) or self.total
+        ranks = {p.rank for p in procs if p.rank is not None}
+        hosts = {p.host for p in procs if p.host}
+        sources = r.job.sources if r.job is not None else []
+        n_err = sum(len(s.errors) for s in sources)
+        bits = [_plural(n_proc, "process"), _plural(len(ranks), "rank"), _plural(len(hosts), "host"),
+                _plural(len(self.groups), "group")]
+        if r.job is not None and r.job.world_size:
+            bits.append(f"world size {_num(r.job.world_size)}")
+        bits.append(_plural(len(sources), "source"))
+        if n_err:
+            bits.append(f'<a href="#sources" style="color:#ffb3b3">{_plural(n_err, "parse error")}</a>')
+        return (
+            '<header><h1>hangdoc report</h1>'
+            f'<div class="stats">{" · ".join(bits)}</div></header>'
+        )
+
+    def verdict(self) -> str:
+        out = ['<section id="verdict">']
+        findings = self.report.findings
+        if not findings:
+            out.append('<div class="verdict calm"><div class="summary">No findings: the report was not diagnosed.</div></div>')
+        else:
+            out.append(self.finding_html(findings[0], headline=True))
+        if self.report.missing_ranks:
+            m = self.report.missing_ranks
+            out.append(f'<p><b>Missing ranks</b> ({_num(len(m))}): <span class="mono">{esc(clip(compress_ranks(m), MAX_TEXT))}</span> '
+                       '<span class="note">— the world size implies them but no source mentions them.</span></p>')
+        if len(findings) > 1:
+            out.append(f"<h2>Other findings ({len(findings) - 1})</h2>")
+            out.extend(self.finding_html(f, headline=False) for f in findings[1:])
+        out.append("</section>")
+        return "\n".join(out)
+
+    def tree(self) -> str:
+        v = self.view
+        out = ['<section id="tree"><h2>Merged call tree</h2>']
+        out.append(
+            '<p class="legend note"><span>Boxes: frames, outermost on the left; edges: the ranks that took that branch.</span>'
+            '<span><i class="sw" style="background:#fdecea;border-color:#c62828"></i>culprit path</span>'
+            '<span><i class="sw" style="background:#486581"></i>group end: click to see its stack</span>'
+            '<span><u>… N frames</u>: folded library frames, click to unfold</span></p>'
+        )
+        out.append('<div class="scroll">')
+        out.append(_TreePicture(self.report, v).svg())
+        out.append("</div>")
+        if v.hidden_groups:
+            out.append(
+                f'<p class="note">{_plural(v.hidden_groups, "smaller group")} ({_plural(v.hidden_processes, "process")}) '
+                f'not drawn; they are listed under <a href="#other-groups">other groups</a>.</p>'
+            )
+        out.append("</section>")
+        return "\n".join(out)
+
+    def stack_html(self, stack: Sequence[Frame]) -> str:
+        is_plumbing = treeview.plumbing_test()
+        out = ['<ol class="stack" reversed>']
+        run: List[Frame] = []
+
+        def li(f: Frame, cls: str = "") -> str:
+            loc = f.file + (f":{f.line}" if f.line is not None else "")
+            attr = f' class="{cls}"' if cls else ""
+            return f'<li{attr}><code>{esc(f.function)}</code> <span class="loc mono">{esc(loc)}</span></li>'
+
+        def flush() -> None:
+            if len(run) >= 2:
+                out.append(f"<li class=\"plumbing\"><details><summary>… {len(run)} library frames</summary><ol class=\"stack\">")
+                out.extend(li(f, "plumbing") for f in run)
+                out.append("</ol></details></li>")
+            else:
+                out.extend(li(f, "plumbing") for f in run)
+            run.clear()
+
+        # Innermost first, like py-spy: where the process is stuck reads first.
+        for f in reversed(stack):
+            if is_plumbing(f):
+                run.append(f)
+                continue
+            flush()
+            out.append(li(f))
+        flush()
+        out.append("</ol>")
+        return "\n".join(out)
+
+    def group_section(self) -> str:
+        v = self.view
+        out = [f'<section id="groups"><h2>Groups ({_num(len(self.groups))})</h2>',
+               '<p class="note">A group is the processes whose main thread has the same stack; stacks innermost first.</p>']
+        for i in v.drawn:
+            g = self.groups[i]
+            culprit = i in v.culprit_groups
+            hosts = compress_hosts(p.host for p in g.members if p.host)
+            head = [f"G{i + 1}", _plural(g.count, "process")]
+            if g.ranks:
+                head.append(clip(describe_ranks(g.ranks), MAX_TEXT))
+            out.append(f'<article class="group{" culprit" if culprit else ""}" id="group-{i + 1}" data-group="{i}">')
+            out.append(f"<h3>{esc(' · '.join(head))}{' <span class=kind style=background:#c62828>culprit</span>' if culprit else ''}</h3>")
+            if hosts:
+                out.append(f'<div class="note">hosts <span class="mono">{esc(clip(hosts, MAX_TEXT))}</span></div>')
+            if not g.ranks and g.members:
+                who = ", ".join(p.describe() for p in g.members[:20])
+                more = f" and {_num(g.count - 20)} more" if g.count > 20 else ""
+                out.append(f'<div class="note">{esc(who)}{more}</div>')
+            if g.summary:
+                out.append(f"<div><b>{esc(g.summary)}</b></div>")
+            out.append(self.stack_html(g.stack) if g.stack else '<p class="note">no stack (the process could not be dumped)</p>')
+            out.append("</article>")
+        rest = [i for i in range(len(self.groups)) if i not in set(v.drawn)]
+        if rest:
+            rest.sort(key=lambda i: -self.groups[i].count)
+            out.append(f'<h3 id="other-groups">Other groups ({_num(len(rest))})</h3><table><tr><th>group</th><th>processes</th><th>ranks</th><th>summary</th></tr>')
+            for i in rest[:MAX_ROWS]:
+                g = self.groups[i]
+                summary = g.summary or (g.stack[-1].label() if g.stack else "")
+                out.append(
+                    f'<tr id="group-{i + 1}" data-group="{i}"><td>G{i + 1}</td><td class="n">{_num(g.count)}</td>'
+                    f'<td class="mono">{esc(clip(compress_ranks(g.ranks), 200))}</td><td>{esc(clip(summary, 300))}</td></tr>'
+                )
+            out.append("</table>")
+            if len(rest) > MAX_ROWS:
+                out.append(f'<p class="note">… {_plural(len(rest) - MAX_ROWS, "more group")} (see <code>--format json</code>).</p>')
+        out.append("</section>")
+        return "\n".join(out)
+
+    def host_section(self) -> str:
+        # Hosts with the same processes-per-host and the same groups fold into one row, so 16,384
+        # identical nodes are one line and the odd host stands out.
+        group_of: Dict[int, int] = {}
+        for i, g in enumerate(self.groups):
+            for p in g.members:
+                group_of[id(p)] = i
+        procs = self.report.job.processes if self.report.job is not None else []
+        if not procs:
+            procs = [p for g in self.groups for p in g.members]
+        per_host: Dict[str, List[Process]] = defaultdict(list)
+        for p in procs:
+            per_host[p.host or ""].append(p)
+        rows: Dict[Tuple[int, Tuple[int, ...]], List[str]] = defaultdict(list)
+        for host, ps in per_host.items():
+            gs = tuple(sorted({group_of[id(p)] for p in ps if id(p) in group_of}))
+            rows[(len(ps), gs)].append(host)
+        ordered = sorted(rows.items(), key=lambda kv: (not any(g in self.view.culprit_groups for g in kv[0][1]), min(kv[1])))
+        out = [f'<section id="hosts"><h2>Hosts ({_num(len(per_host))})</h2>',
+               '<table><tr><th>hosts</th><th>count</th><th>processes each</th><th>ranks</th><th>groups</th></tr>']
+        for (n, gs), hosts in ordered[:MAX_ROWS]:
+            named = [h for h in hosts if h]
+            label = compress_hosts(named) if named else ""
+            if len(named) < len(hosts):
+                label = (label + ", " if label else "") + "(unknown host)"
+            ranks = sorted(p.rank for h in hosts for p in per_host[h] if p.rank is not None)
+            glinks = " ".join(self.glink(g) for g in gs[:30]) + (f" +{len(gs) - 30}" if len(gs) > 30 else "")
+            cls = ' style="background:#fdecea"' if any(g in self.view.culprit_groups for g in gs) else ""
+            out.append(
+                f'<tr{cls}><td class="mono">{esc(clip(label, 300))}</td><td class="n">{_num(len(hosts))}</td><td class="n">{_num(n)}</td>'
+                f'<td class="mono">{esc(clip(compress_ranks(ranks), 300))}</td><td>{glinks}</td></tr>'
+            )
+        out.append("</table>")
+        if len(ordered) > MAX_ROWS:
+            out.append(f'<p class="note">… {_num(len(ordered) - MAX_ROWS)} more rows.</p>')
+        out.append("</section>")
+        return "\n".join(out)
+
+    def source_section(self) -> str:
+        sources = self.report.job.sources if self.report.job is not None else []
+        out = [f'<section id="sources"><h2>Sources ({_num(len(sources))})</h2>']
+        ordered = sorted(sources, key=lambda s: (not s.errors, s.path))
+        out.append('<table><tr><th>file</th><th>formats</th><th>processes</th><th>records</th><th>parse errors</th></tr>')
+        for s in ordered[:MAX_ROWS]:
+            out.append(
+                f'<tr><td class="mono">{esc(clip(s.path, 300))}</td><td>{esc(", ".join(s.formats))}</td>'
+                f'<td class="n">{_num(s.processes)}</td><td class="n">{_num(s.records)}</td><td class="n">{_num(len(s.errors))}</td></tr>'
+            )
+        out.append("</table>")
+        if len(ordered) > MAX_ROWS:
+            out.append(f'<p class="note">… {_plural(len(ordered) - MAX_ROWS, "more source")}.</p>')
+        errors = [e for s in ordered for e in s.errors]
+        if errors:
+            out.append(f"<h3>Parse errors ({_num(len(errors))})</h3><ul class=\"errors\">")
+            out.extend(f"<li>{esc(clip(str(e), 1000))}</li>" for e in errors[:MAX_ERRORS])
+            out.append("</ul>")
+            if len(errors) > MAX_ERRORS:
+                out.append(f'<p class="note">… {_num(len(errors) - MAX_ERRORS)} more.</p>')
+        out.append("</section>")
+        return "\n".join(out)
+
+    def render(self) -> str:
+        from hangdoc import __version__
+
+        script = _SCRIPT
+        csp = f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{_sha256(script)}'"
+        title = "hangdoc report"
+        if self.report.findings:
+            title += ": " + clip(self.report.findings[0].summary, 120)
+        body = [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{esc(csp)}">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{esc(title)}</title>",
+            f"<style>{_CSS}</style></head><body>",
+            self.header(),
+            "<main>",
+            self.verdict(),
+            self.tree(),
+            self.group_section(),
+            self.host_section(),
+            self.source_section(),
+            "</main>",
+            f'<footer>hangdoc {esc(__version__)} · frames compared by {esc(self.report.granularity)}</footer>',
+            f"<script>{script}</script>",
+            "</body></html>",
+        ]
+        return "\n".join(body) + "\n"
+
+
+class _TreePicture:
+    """Lays out a :class:`View` left to right (one column per box depth) and writes it as SVG."""
+
+    def __init__(self, report: Report, view: View):
+        self.report = report
+        self.view = view
+        self.pos: Dict[int, Tuple[float, float, float]] = {}  # ident -> x, y, height
+        self.band: Dict[int, Tuple[float, float]] = {}  # ident -> top, height of its subtree's band
+        self.pops: List[str] = []
+        self.max_bottom = 0.0
+        self.max_right = 0.0
+
+    def width(self, v: ViewNode) -> float:
+        return ROOT_W if v is self.view.root else BOX_W
+
+    def height(self, v: ViewNode) -> float:
+        lines = len(self.lines_of(v))
+        return 2 * PAD + LINE_H * lines + BADGE_H * min(len(v.ends), 8) + (4 if v.ends else 0)
+
+    def lines_of(self, v: ViewNode) -> List[Line]:
+        if v is self.view.root:
+            n = len(self.view.drawn) + self.view.hidden_groups
+            return [Line(f"{_plural(self.view.total_processes, 'process')}", ()), Line(_plural(n, "group"), ())]
+        return v.lines
+
+    def layout(self) -> None:
+        root = self.view.root
+        band: Dict[int, float] = {}
+        order = list(treeview.walk(root))
+        for v in reversed(order):  # children before parents
+            kids = sum(band[c.ident] for c in v.children) + VGAP * max(0, len(v.children) - 1)
+            band[v.ident] = max(self.height(v), kids)
+        # place top-down
+        todo: List[Tuple[ViewNode, float, int]] = [(root, MARGIN, 0)]
+        while todo:
+            v, top, depth = todo.pop()
+            h = self.height(v)
+            kids = sum(band[c.ident] for c in v.children) + VGAP * max(0, len(v.children) - 1)
+            y = top + (band[v.ident] - kids) / 2
+            centers = []
+            for c in v.children:
+                todo.append((c, y, depth + 1))
+                centers.append(y + band[c.ident] / 2)
+                y += band[c.ident] + VGAP
+            cy = (centers[0] + centers[-1]) / 2 if centers else top + band[v.ident] / 2
+            ytop = max(top, min(cy - h / 2, top + band[v.ident] - h))
+            x = MARGIN if depth == 0 else MARGIN + ROOT_W + GAP + (depth - 1) * (BOX_W + GAP)
+            self.pos[v.ident] = (x, ytop, h)
+            self.band[v.ident] = (top, band[v.ident])
+            self.max_bottom = max(self.max_bottom, ytop + h)
+            self.max_right = max(self.max_right, x + self.width(v))
+        # children were placed at their band centre only approximately; re-centre parents on the
+        # children's actual boxes so that edges leave and arrive mid-box.
+        for v in reversed(order):
+            if v.children:
+                x, y, h = self.pos[v.ident]
+                first, last = self.pos[v.children[0].ident], self.pos[v.children[-1].ident]
+                cy = (first[1] + first[2] / 2 + last[1] + last[2] / 2) / 2
+                top, size = self.band[v.ident]
+                self.pos[v.ident] = (x, max(top, min(cy - h / 2, top + size - h)), h)
+
+    def frame_line(self, line: Line, x: float, y: float, pop_id: Optional[str]) -> str:
+        if line.folded:
+            names = "\n".join(f.label() for f in line.frames[:POP_MAX_LINES])
+            return (
+                f'<g class="foldline" data-pop="{pop_id}" tabindex="0" role="button" aria-expanded="false">'
+                f"<title>{esc(names)}</title>"
+                f'<text x="{x:.0f}" y="{y:.0f}" class="fold">{esc(clip(line.text, BOX_CHARS))}</text></g>'
+            )
+        if not line.frames:
+            return f'<text x="{x:.0f}" y="{y:.0f}">{esc(clip(line.text, BOX_CHARS))}</text>'
+        f = line.frames[0]
+        loc = treeview.short_location(f)
+        loc = loc if len(loc) <= 24 else "…" + loc[-23:]
+        room = BOX_CHARS - (len(loc) + 2 if loc else 0)
+        fn = clip(f.function, max(8, room))
+        cls = "fn plumb" if line.plumbing else "fn"
+        loc_part = f'<tspan class="loc">  {esc(loc)}</tspan>' if loc else ""
+        return (
+            f'<text x="{x:.0f}" y="{y:.0f}"><title>{esc(f.label())}</title>'
+            f'<tspan class="{cls}">{esc(fn)}</tspan>{loc_part}</text>'
+        )
+
+    def popup(self, pop_id: str, line: Line, x: float, y: float) -> str:
+        frames = line.frames[:POP_MAX_LINES]
+        rows = [clip(f.label(), POP_CHARS) for f in frames]
+        if len(line.frames) > POP_MAX_LINES:
+            rows.append(f"… {len(line.frames) - POP_MAX_LINES} more")
+        width = min(POP_CHARS, max((len(r) for r in rows), default=10)) * CHAR_W * 0.96 + 20
+        height = len(rows) * 15 + 14
+        self.max_bottom = max(self.max_bottom, y + height)
+        self.max_right = max(self.max_right, x + width)
+        text = "".join(f'<text x="{x + 10:.0f}" y="{y + 19 + 15 * k:.0f}">{esc(r)}</text>' for k, r in enumerate(rows))
+        return (
+            f'<g class="pop" id="{pop_id}" data-pop="{pop_id}">'
+            f'<rect x="{x:.0f}" y="{y:.0f}" width="{width:.0f}" height="{height:.0f}" rx="4"/>{text}</g>'
+        )
+
+    def box(self, v: ViewNode) -> str:
+        x, y, h = self.pos[v.ident]
+        cls = "box"
+        if v is self.view.root:
+            cls += " root"
+        if v.culprit:
+            cls += " culprit"
+        groups = " ".join(str(i) for i in v.groups[:200])
+        out = [f'<g class="{cls}" id="node-{v.ident}" data-groups="{groups}">',
+               f'<rect class="frame" x="{x:.0f}" y="{y:.0f}" width="{self.width(v):.0f}" height="{h:.0f}" rx="5"/>']
+        ty = y + PAD + 12
+        for k, line in enumerate(self.lines_of(v)):
+            pop_id = None
+            if line.folded:
+                pop_id = f"pop-{v.ident}-{k}"
+                self.pops.append(self.popup(pop_id, line, x + 30, ty + 4))
+            out.append(self.frame_line(line, x + 8, ty, pop_id))
+            ty += LINE_H
+        if v.ends:
+            ty += 2
+            for i in v.ends[:8]:
+                g = self.report.groups[i]
+                culprit = i in self.view.culprit_groups
+                label = f"G{i + 1} · {_plural(g.count, 'process')}" + (" · culprit" if culprit else "") + "  ▸ stack"
+                out.append(
+                    f'<a href="#group-{i + 1}" class="badge{" culprit" if culprit else ""}">'
+                    f'<rect x="{x + 6:.0f}" y="{ty - 2:.0f}" width="{BOX_W - 12}" height="{BADGE_H - 3}" rx="3"/>'
+                    f'<text x="{x + 12:.0f}" y="{ty + 11:.0f}">{esc(label)}</text></a>'
+                )
+                ty += BADGE_H
+            if len(v.ends) > 8:
+                out.append(f'<text x="{x + 12:.0f}" y="{ty + 11:.0f}">+{len(v.ends) - 8} more groups</text>')
+        out.append("</g>")
+        return "".join(out)
+
+    def edge(self, parent: ViewNode, child: ViewNode) -> str:
+        px, py, ph = self.pos[parent.ident]
+        cx, cy_top, ch = self.pos[child.ident]
+        x0, y0 = px + self.width(parent), py + ph / 2
+        y1 = cy_top + ch / 2
+        bend = x0 + 46
+        total = max(1, self.view.total_processes)
+        width = 1.3 + 5.0 * (child.count / total)
+        cls = "edge culprit" if child.culprit else "edge"
+        path = (
+            f'<path class="{cls}" style="stroke-width:{width:.1f}" '
+            f'd="M{x0:.0f},{y0:.1f} C{x0 + 30:.0f},{y0:.1f} {bend - 16:.0f},{y1:.1f} {bend:.0f},{y1:.1f} L{cx:.0f},{y1:.1f}"/>'
+        )
+        ranks = child.rank_text
+        top = ("ranks " + ranks if ("," in ranks or "-" in ranks) else "rank " + ranks) if ranks else ""
+        full = f"{top} ({_plural(child.count, 'process')})" if top else _plural(child.count, "process")
+        lcls = "el culprit" if child.culprit else "el"
+        lx = bend + 6
+        label = [f'<g><title>{esc(full)}</title>']
+        if top:
+            label.append(f'<text class="{lcls}" x="{lx:.0f}" y="{y1 - 6:.1f}">{esc(clip(top, EDGE_CHARS))}</text>')
+        label.append(f'<text class="{lcls}" x="{lx:.0f}" y="{y1 + 15:.1f}">{esc(_plural(child.count, "process"))}</text></g>')
+        return path + "".join(label)
+
+    def svg(self) -> str:
+        self.layout()
+        parts: List[str] = []
+        for v in treeview.walk(self.view.root):
+            for c in v.children:
+                parts.append(self.edge(v, c))
+        for v in treeview.walk(self.view.root):
+            parts.append(self.box(v))
+        width = self.max_right + MARGIN
+        height = self.max_bottom + MARGIN
+        return (
+            f'<svg class="tree" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+            f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="merged call tree">'
+            + "".join(parts)
+            + "".join(self.pops)
+            + "</svg>"
+        )
