@@ -1,0 +1,427 @@
+"""Cross-rank analysis of collective records: alignment, lag, pending ops, wait-for graph.
+
+Per process group, every rank's sequence of collective calls is aligned against the majority with
+an insert/delete-aware comparison (not by equal sequence numbers). At the first column where a rank
+disagrees, a small longest-common-subsequence test over a window decides whether it *lacks* the
+majority's op (``missing``), issued one the others did not (``extra``), issued a different one
+(``signature``) or swapped two (``order``). That rank is the culprit; the rank is then left out of
+later columns, so one skipped op yields one divergence, not one per later op.
+
+    >>> from hangdoc.model import CollectiveRecord as R
+    >>> recs = [R(rank=r, seq=i, op=op, shapes=((8,),), dtypes=("float32",))
+    ...         for r in range(3) for i, op in enumerate(["all_reduce", "broadcast", "all_reduce"])
+    ...         if not (r == 2 and op == "broadcast")]
+    >>> [(d.kind, d.ranks) for d in divergences(recs)]
+    [('missing', [2])]
+
+Cost: linear in the number of records per column walked, plus a window-sized (``WINDOW``) LCS at
+each divergence.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from hangdoc.model import CollectiveRecord
+from hangdoc.ranges import describe_ranks
+
+#: point-to-point ops: matched by peer, never aligned as collectives.
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+_SENDS = frozenset({"send", "isend", "send_object_list"})
+#: how far ahead the divergence test looks.
+WINDOW = 32
+
+Node = Tuple[int, str]  # (rank, stream): "host" when the call is not on a CUDA stream
+
+
+@dataclass
+class Divergence:
+    """The first place where ``ranks`` part from the rest of ``group``."""
+
+    group: str
+    kind: str  # "missing" | "extra" | "signature" | "order"
+    ranks: List[int]
+    expected: Optional[CollectiveRecord]
+    actual: Optional[CollectiveRecord]
+    index: int
+    summary: str
+    #: the ranks that issued ``expected``.
+    agreeing: List[int] = field(default_factory=list)
+    #: True when only two ranks disagree and nothing says which one is wrong.
+    ambiguous: bool = False
+
+
+@dataclass
+class StreamMismatch:
+    group: str
+    index: int
+    ranks: List[int]
+    expected: CollectiveRecord
+    actual: CollectiveRecord
+    agreeing: List[int]
+    what: str  # "stream" or "phase"
+    summary: str
+
+
+@dataclass
+class Cycle:
+    nodes: List[Node]
+    #: the blocked record of each node, in cycle order.
+    records: List[CollectiveRecord]
+    summary: str
+
+
+def site(rec: Optional[CollectiveRecord]) -> str:
+    """``train.py:30`` from ``/path/train.py:30:main``."""
+    if rec is None or not rec.call_site:
+        return "?"
+    parts = rec.call_site.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return f"{os.path.basename(parts[0])}:{parts[1]}"
+    return os.path.basename(rec.call_site)
+
+
+def _what(rec: CollectiveRecord) -> str:
+    """``broadcast #4 (src=0, [8] float32)``."""
+    inner = rec.describe()[len(rec.op):].strip("()")
+    return f"{rec.op} #{rec.seq}" + (f" ({inner})" if inner else "")
+
+
+def _by_group(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, List[CollectiveRecord]]]:
+    groups: Dict[str, Dict[int, List[CollectiveRecord]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        groups[r.group][r.rank].append(r)
+    for per_rank in groups.values():
+        for lst in per_rank.values():
+            lst.sort(key=lambda r: r.seq)
+    return groups
+
+
+def collectives(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, List[CollectiveRecord]]]:
+    """Group -> rank -> its collective (non-p2p) records in issue order."""
+    return _by_group(r for r in records if r.op not in P2P_OPS)
+
+
+def _lcs(a: Sequence, b: Sequence) -> int:
+    if not a or not b:
+        return 0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def _classify(a: Sequence, b: Sequence) -> str:
+    """How ``a`` (a rank) departs from ``b`` (the majority) at their first elements."""
+    a, b = a[:WINDOW], b[:WINDOW]
+    if len(a) > 1 and len(b) > 1 and a[0] == b[1] and a[1] == b[0]:
+        return "order"
+    scores = {
+        "signature": _lcs(a[1:], b[1:]),
+        "missing": _lcs(a, b[1:]),
+        "extra": _lcs(a[1:], b),
+    }
+    best = max(scores.values())
+    for kind in ("signature", "missing", "extra"):  # ties read as the plainest explanation
+        if scores[kind] == best:
+            return kind
+    return "signature"
+
+
+def _mismatch_detail(exp: CollectiveRecord, act: CollectiveRecord) -> str:
+    if exp.op != act.op:
+        return "op"
+    parts = []
+    if exp.shapes != act.shapes:
+        parts.append("shape")
+    if exp.dtypes != act.dtypes:
+        parts.append("dtype")
+    if exp.root != act.root:
+        parts.append("root")
+    return "/".join(parts) or "signature"
+
+
+def _trim_start(per_rank: Dict[int, List[CollectiveRecord]]) -> Dict[int, List[CollectiveRecord]]:
+    """A wrapped ring buffer loses old records: start every rank at the latest common first seq."""
+    firsts = [lst[0].seq for lst in per_rank.values() if lst]
+    start = max(firsts) if firsts else 0
+    if start == 0 or len(set(firsts)) == 1:
+        return per_rank
+    return {r: [x for x in lst if x.seq >= start] for r, lst in per_rank.items()}
+
+
+def divergences(records: Iterable[CollectiveRecord]) -> List[Divergence]:
+    """The divergences of every group, first divergence of each group first (see module doc)."""
+    out: List[Divergence] = []
+    groups = collectives(records)
+    for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
+        out.extend(_align_group(name, _trim_start(groups[name]))[0])
+    out.sort(key=lambda d: (d.group != "default_pg", d.group, d.index))
+    return out
+
+
+def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
+    """Walk the columns of one group; returns (divergences, stream mismatches)."""
+    sigs = {r: [x.signature() for x in lst] for r, lst in per_rank.items()}
+    pos = {r: 0 for r in per_rank}
+    active = set(per_rank)
+    found: List[Divergence] = []
+    streams: List[StreamMismatch] = []
+    column = 0
+    guard = sum(len(v) for v in sigs.values()) * 2 + 10
+    while active and guard > 0:
+        guard -= 1
+        here = {r: sigs[r][pos[r]] for r in active if pos[r] < len(sigs[r])}
+        ended = [r for r in active if pos[r] >= len(sigs[r])]
+        if not here:
+            break
+        counts = Counter(here.values())
+        n_top = max(counts.values())
+        # Ties (two ranks, say) leave no majority: take the lowest rank's side, flagged ambiguous.
+        top = here[min(r for r, s in here.items() if counts[s] == n_top)]
+        if len(counts) == 1 and not ended:
+            _check_streams(name, column, {r: per_rank[r][pos[r]] for r in here}, streams)
+            for r in here:
+                pos[r] += 1
+            column += 1
+            continue
+        majority = [r for r, s in here.items() if s == top]
+        tied = [s for s, c in counts.items() if c == n_top]
+        # The representative is the majority rank that went furthest: it shows what came next.
+        rep = min(majority, key=lambda r: (pos[r] - len(sigs[r]), r))
+        if ended:
+            finished = [r for r in ended if _went_elsewhere(per_rank[r])]
+            waiting = [r for r in ended if r not in finished]
+            active.difference_update(waiting)  # blocked at an earlier op: fallout, not a cause
+            if finished and len(finished) >= len(here):
+                # Most ranks issued nothing more here: the ones that did are the odd ones out.
+                for r in sorted(here):
+                    found.append(_extra_at_end(name, column, per_rank, r, pos[r], finished))
+                    active.discard(r)
+                break
+            for r in finished:
+                exp = per_rank[rep][pos[rep]]
+                found.append(_divergence(name, "missing", [r], exp, None, column, majority))
+                active.discard(r)
+            if len(counts) == 1:
+                continue
+        ambiguous = len(tied) > 1
+        deviants = sorted(r for r, s in here.items() if s != top)
+        for r in deviants:
+            kind = _classify(sigs[r][pos[r]:], sigs[rep][pos[rep]:])
+            exp = per_rank[rep][pos[rep]]
+            act = per_rank[r][pos[r]]
+            d = _divergence(name, kind, [r], exp, act, column, majority)
+            d.ambiguous = ambiguous
+            if ambiguous:
+                d.summary = (f"{describe_ranks([r])} and {describe_ranks(majority)} disagree at op #{exp.seq} "
+                             f"of group {name}: " + d.summary)
+            found.append(d)
+            active.discard(r)
+        for r in active:
+            if r in here:
+                pos[r] += 1
+        column += 1
+    return found, streams
+
+
+def _went_elsewhere(lst: List[CollectiveRecord]) -> bool:
+    """True when a rank's last op in this group completed: it is now busy somewhere else."""
+    return not lst or lst[-1].state != "issued"
+
+
+def _divergence(name, kind, ranks, exp, act, column, agreeing) -> Divergence:
+    who = describe_ranks(ranks)
+    others = describe_ranks(agreeing)
+    if kind == "missing":
+        s = f"{who} never issued {_what(exp)} that {others} issued at {site(exp)}"
+        if act is not None:
+            s += f"; {who} went on to {act.op} at {site(act)}"
+        else:
+            s += f"; {who} issued nothing more in group {name} after its last op completed"
+        return Divergence(name, kind, ranks, exp, act, column, s, sorted(agreeing))
+    if kind == "extra":
+        s = (f"{who} issued an extra {act.describe()} at {site(act)} that {others} never issued "
+             f"(they went on to {_what(exp)} at {site(exp)})")
+        return Divergence(name, kind, ranks, exp, act, column, s, sorted(agreeing))
+    if kind == "order":
+        s = (f"{who} issued {act.describe()} at {site(act)} and {exp.describe()} in the opposite order "
+             f"to {others}")
+        return Divergence(name, kind, ranks, exp, act, column, s, sorted(agreeing))
+    detail = _mismatch_detail(exp, act)
+    s = (f"{who} issued {act.describe()} at {site(act)} where {others} issued {_what(exp)} "
+         f"at {site(exp)} ({detail} mismatch)")
+    return Divergence(name, "signature", ranks, exp, act, column, s, sorted(agreeing))
+
+
+def _extra_at_end(name, column, per_rank, r, p, finished) -> Divergence:
+    act = per_rank[r][p]
+    last = per_rank[finished[0]][-1] if per_rank[finished[0]] else None
+    s = (f"{describe_ranks([r])} issued {_what(act)} at {site(act)} that {describe_ranks(finished)} never issued"
+         + (f" (their last op in group {name} was {_what(last)}, completed)" if last else ""))
+    return Divergence(name, "extra", [r], last, act, column, s, sorted(finished))
+
+
+def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[StreamMismatch]) -> None:
+    if out and out[-1].group == name:
+        return  # the first misplacement of a group is the cause; later ones are usually the same bug
+    for what in ("stream", "phase"):
+        values = {r: getattr(x, what) for r, x in recs.items() if getattr(x, what) is not None}
+        if len(values) < 2 or len(set(values.values())) == 1:
+            continue
+        counts = Counter(values.values())
+        ranked = counts.most_common()
+        if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+            continue  # no majority: nothing says which side is misplaced
+        top = ranked[0][0]
+        bad = sorted(r for r, v in values.items() if v != top)
+        good = sorted(r for r, v in values.items() if v == top)
+        exp, act = recs[good[0]], recs[bad[0]]
+        s = (f"{describe_ranks(bad)} issued {_what(act)} at {site(act)} on {what} {getattr(act, what)!r} where "
+             f"{describe_ranks(good)} issued it on {what} {getattr(exp, what)!r}")
+        out.append(StreamMismatch(name, column, bad, exp, act, good, what, s))
+        return
+
+
+def stream_mismatches(records: Iterable[CollectiveRecord]) -> List[StreamMismatch]:
+    """Aligned collectives issued on a different CUDA stream (or phase) on a minority of ranks."""
+    out: List[StreamMismatch] = []
+    groups = collectives(records)
+    for name in sorted(groups):
+        out.extend(_align_group(name, _trim_start(groups[name]))[1])
+    return out
+
+
+def counts(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, Tuple[int, int]]]:
+    """Group -> rank -> (issued, completed) collective counts: who lags and who leads."""
+    out: Dict[str, Dict[int, Tuple[int, int]]] = {}
+    for name, per_rank in collectives(records).items():
+        out[name] = {r: (len(lst), sum(1 for x in lst if x.state == "completed")) for r, lst in per_rank.items()}
+    return out
+
+
+def pending(records: Iterable[CollectiveRecord]) -> Dict[int, List[CollectiveRecord]]:
+    """Rank -> records issued but never seen completed, oldest first: where each rank is blocked."""
+    out: Dict[int, List[CollectiveRecord]] = defaultdict(list)
+    for r in records:
+        if r.state == "issued":
+            out[r.rank].append(r)
+    for lst in out.values():
+        lst.sort(key=lambda x: (x.time_issued or 0.0, x.group, x.seq))
+    return dict(out)
+
+
+def _node(rec: CollectiveRecord) -> Node:
+    return (rec.rank, rec.stream or "host")
+
+
+def wait_for(records: Iterable[CollectiveRecord]) -> Tuple[Dict[Node, List[Node]], Dict[Node, CollectiveRecord]]:
+    """Wait-for graph: each blocked (rank, stream) -> the (rank, stream) nodes it waits on.
+
+    A blocked collective waits for every rank of its group that has not issued as many collectives
+    in that group; a blocked recv (send) waits for the peer that has not issued the matching send
+    (recv) in that group, matched by order per (sender, receiver) pair.
+    """
+    records = list(records)
+    blocked: Dict[Node, CollectiveRecord] = {}
+    for rank, lst in pending(records).items():
+        for rec in lst:
+            blocked.setdefault(_node(rec), rec)  # the oldest pending op of each stream blocks it
+    blocked_by_rank: Dict[int, List[Node]] = defaultdict(list)
+    for node in blocked:
+        blocked_by_rank[node[0]].append(node)
+
+    coll = collectives(records)
+    index_in_group: Dict[int, int] = {}
+    for per_rank in coll.values():
+        for lst in per_rank.values():
+            for i, x in enumerate(lst):
+                index_in_group[id(x)] = i
+    # p2p: (group, sender, receiver) -> [send records], [recv records]
+    sends: Dict[Tuple[str, int, int], List[CollectiveRecord]] = defaultdict(list)
+    recvs: Dict[Tuple[str, int, int], List[CollectiveRecord]] = defaultdict(list)
+    for x in sorted((x for x in records if x.op in P2P_OPS and x.peer is not None), key=lambda x: x.seq):
+        if x.op in _SENDS:
+            sends[(x.group, x.rank, x.peer)].append(x)
+        else:
+            recvs[(x.group, x.peer, x.rank)].append(x)
+
+    def targets(rank: int) -> List[Node]:
+        return blocked_by_rank.get(rank) or [(rank, "running")]
+
+    edges: Dict[Node, List[Node]] = {}
+    for node, rec in blocked.items():
+        waits: List[Node] = []
+        if rec.op in P2P_OPS and rec.peer is not None:
+            if rec.op in _SENDS:
+                mine, theirs = sends[(rec.group, rec.rank, rec.peer)], recvs[(rec.group, rec.rank, rec.peer)]
+            else:
+                mine, theirs = recvs[(rec.group, rec.peer, rec.rank)], sends[(rec.group, rec.peer, rec.rank)]
+            n = next((i for i, x in enumerate(mine) if x is rec), len(mine))
+            if len(theirs) <= n:  # the peer has not posted the matching half yet
+                waits.extend(targets(rec.peer))
+        elif rec.op not in P2P_OPS:
+            n = index_in_group.get(id(rec), 0)
+            members = rec.group_ranks or tuple(sorted(coll.get(rec.group, {})))
+            for q in members:
+                if q == rec.rank:
+                    continue
+                if len(coll.get(rec.group, {}).get(q, ())) <= n:
+                    waits.extend(targets(q))
+        edges[node] = waits
+    return edges, blocked
+
+
+def cycles(records: Iterable[CollectiveRecord]) -> List[Cycle]:
+    """Cycles of the wait-for graph (send/recv order bugs, cross-stream deadlocks), each once."""
+    edges, blocked = wait_for(records)
+    seen_sets = set()
+    found: List[Cycle] = []
+    for start in sorted(edges):
+        path: List[Node] = []
+        on_path: Dict[Node, int] = {}
+        node: Optional[Node] = start
+        visited = set()
+        # Follow first edges only: enough for the simple cycles that deadlock pipelines.
+        stack = [(start, iter(edges.get(start, ())))]
+        path = [start]
+        on_path = {start: 0}
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+                on_path.pop(node, None)
+                continue
+            if nxt in on_path:
+                cyc = path[on_path[nxt]:]
+                key = frozenset(cyc)
+                if key not in seen_sets:
+                    seen_sets.add(key)
+                    k = cyc.index(min(cyc))
+                    cyc = cyc[k:] + cyc[:k]
+                    recs = [blocked[n] for n in cyc]
+                    found.append(Cycle(cyc, recs, _cycle_summary(cyc, recs)))
+                continue
+            if nxt in visited or nxt not in edges:
+                continue
+            visited.add(nxt)
+            stack.append((nxt, iter(edges.get(nxt, ()))))
+            path.append(nxt)
+            on_path[nxt] = len(path) - 1
+    return found
+
+
+def _cycle_summary(nodes: List[Node], recs: List[CollectiveRecord]) -> str:
+    parts = []
+    for (rank, stream), rec in zip(nodes, recs):
+        where = f"rank {rank}" + (f" ({stream})" if stream != "host" else "")
+        parts.append(f"{where} waits in {rec.describe()} at {site(rec)}")
+    return " → ".join(parts) + f" → rank {nodes[0][0]}"
