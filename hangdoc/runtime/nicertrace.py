@@ -217,32 +217,35 @@ class NicerTrace(trace.Trace):
 
     # ---- Python 3.11: settrace ------------------------------------------------------------------
 
-    # An exception escaping a trace hook would surface in the user's code: every hook contains its own.
+    # An exception escaping a trace hook would surface in the user's code: every hook contains its
+    # own. The settrace hooks are closures over locals because they run on every call of the job.
 
-    def _global(self, frame: Any, why: str, arg: Any) -> Optional[Callable]:
-        if why != "call":
-            return None
-        code = frame.f_code
-        try:
-            line = self._codes[code]
-        except KeyError:
+    def _settrace_hook(self) -> Callable:
+        codes, decide, emit, emit_line, tracing = self._codes, self._decide, self._emit, self._emit_line, bool(self.trace)
+
+        def local(frame: Any, why: str, arg: Any) -> Callable:
+            if why == "line":
+                try:
+                    emit_line(frame.f_code.co_filename, frame.f_lineno)
+                except Exception:
+                    pass
+            return local
+
+        def global_(frame: Any, why: str, arg: Any) -> Optional[Callable]:
             try:
-                line = self._decide(code)
-            except Exception:
+                line = codes[frame.f_code]
+            except KeyError:
+                try:
+                    line = decide(frame.f_code)
+                except Exception:
+                    return None
+            if line is None:
                 return None
-        if line is None:
-            return None
-        if self.trace:
-            self._emit(line)
-        return self._local
+            if tracing:
+                emit(line)
+            return local
 
-    def _local(self, frame: Any, why: str, arg: Any) -> Callable:
-        if why == "line":
-            try:
-                self._emit_line(frame.f_code.co_filename, frame.f_lineno)
-            except Exception:
-                pass
-        return self._local
+        return global_
 
     # ---- Python 3.12+: sys.monitoring -----------------------------------------------------------
 
@@ -320,8 +323,9 @@ class NicerTrace(trace.Trace):
         if _MONITORING:
             self._start_monitoring()
         else:
-            threading.settrace(self._global)
-            sys.settrace(self._global)
+            hook = self._settrace_hook()
+            threading.settrace(hook)
+            sys.settrace(hook)
         return self
 
     def stop(self) -> None:
