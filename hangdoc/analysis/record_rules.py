@@ -1,0 +1,220 @@
+"""Findings from collective records: the exact culprit where stacks are ambiguous.
+
+Reads ``report.job.records`` (the recorder's JSONL files, Flight Recorder dumps) and emits:
+
+* ``collective-mismatch``: the first divergence of each process group (a rank that skipped an op,
+  issued an extra one, a different one, or two in swapped order), or a wait-for cycle made of
+  collectives (two groups entered in opposite orders);
+* ``p2p-cycle``: a cycle of blocked send/recv calls, shown rank by rank;
+* ``stream-misplacement``: an aligned collective issued on another CUDA stream (or phase) by a
+  minority of ranks;
+* ``missing-rank``: a rank the records' world size implies but that left no record and no stack;
+* ``collective-wait``: every rank of a group sits in the same collective and none completed it.
+
+Record verdicts are exact, so they carry a higher confidence (0.9-0.95) than stack-only findings
+(at most 0.8) and become the headline. One finding per verdict: later ops are fallout, summarised in
+the evidence, never reported one by one.
+
+    >>> from hangdoc.model import CollectiveRecord as R, Job, Report
+    >>> recs = [R(rank=r, seq=i, op=op, call_site=f"train.py:{30 + i}:main", state="completed")
+    ...         for r in range(3) for i, op in enumerate(["all_reduce", "broadcast", "all_reduce"])
+    ...         if not (r == 2 and op == "broadcast")]
+    >>> findings(Report(job=Job(records=recs)))[0].summary
+    'rank 2 skipped broadcast #1 (train.py:31); everything after it is fallout'
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from hangdoc.analysis import sequence
+from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
+from hangdoc.ranges import compress_ranks, describe_ranks
+
+CONFIDENCE_EXACT = 0.95
+CONFIDENCE_CYCLE = 0.93
+CONFIDENCE_STREAM = 0.92
+#: two ranks disagree and nothing says which one is wrong: still above any stack-only verdict.
+CONFIDENCE_TIE = 0.85
+CONFIDENCE_MISSING = 0.9
+CONFIDENCE_ALL_WAIT = 0.6
+
+
+def _culprits(report: Report, ranks: List[int]) -> List[Culprit]:
+    by_rank: Dict[int, Culprit] = {}
+    for rec in report.job.records:
+        if rec.rank in ranks and rec.rank not in by_rank and (rec.host or rec.pid):
+            by_rank[rec.rank] = Culprit(host=rec.host, pid=rec.pid, rank=rec.rank)
+    for p in report.job.processes:
+        if p.rank in ranks and p.rank not in by_rank:
+            by_rank[p.rank] = Culprit(host=p.host, pid=p.pid, rank=p.rank)
+    return [by_rank.get(r, Culprit(rank=r)) for r in sorted(set(ranks))]
+
+
+def _pending_lines(records: List[CollectiveRecord], limit: int = 8) -> List[str]:
+    lines = []
+    pend = sequence.pending(records)
+    for rank in sorted(pend)[:limit]:
+        first = pend[rank][0]
+        more = len(pend[rank]) - 1
+        lines.append(
+            f"rank {rank} is blocked in {first.describe()} #{first.seq} of group {first.group} "
+            f"issued at {sequence.site(first)}, never completed" + (f" (+{more} more pending)" if more else "")
+        )
+    if len(pend) > limit:
+        lines.append(f"... and {len(pend) - limit} more ranks with pending calls")
+    return lines
+
+
+def _count_lines(records: List[CollectiveRecord], group: str) -> List[str]:
+    per_rank = sequence.counts(records).get(group, {})
+    if not per_rank:
+        return []
+    by_count: Dict[int, List[int]] = {}
+    for rank, (issued, _done) in per_rank.items():
+        by_count.setdefault(issued, []).append(rank)
+    if len(by_count) < 2:
+        return []
+    parts = [f"{describe_ranks(rs)}: {n}" for n, rs in sorted(by_count.items(), reverse=True)]
+    return [f"collectives issued in group {group}: " + "; ".join(parts)]
+
+
+def _headline(d: sequence.Divergence) -> str:
+    who = describe_ranks(d.ranks)
+    exp, act = d.expected, d.actual
+    if d.kind == "missing" and exp is not None:
+        return f"{who} skipped {exp.op} #{exp.seq} ({sequence.site(exp)}); everything after it is fallout"
+    if d.kind == "extra" and act is not None:
+        return (f"{who} issued an extra {act.op} ({sequence.site(act)}) that {describe_ranks(d.agreeing)} never "
+                f"issued; everything after it is fallout")
+    if d.kind == "order" and act is not None and exp is not None:
+        return f"{who} issued {act.op} and {exp.op} in the opposite order ({sequence.site(act)}); the ranks deadlock"
+    if act is not None and exp is not None:
+        detail = sequence._mismatch_detail(exp, act)
+        if detail == "op":
+            return (f"{who} called {act.op} ({sequence.site(act)}) while {describe_ranks(d.agreeing)} called "
+                    f"{exp.op} #{exp.seq} ({sequence.site(exp)})")
+        return (f"{who} called {act.describe()} ({sequence.site(act)}) but {describe_ranks(d.agreeing)} called "
+                f"{exp.describe()} ({detail} mismatch at {exp.op} #{exp.seq})")
+    return d.summary
+
+
+def findings(report: Report) -> List[Finding]:
+    """Findings from ``report.job.records`` (empty when there are none)."""
+    records = list(report.job.records)
+    if not records:
+        return []
+    out: List[Finding] = []
+    pending_ev = _pending_lines(records)
+
+    seen_groups = set()
+    divs = sequence.divergences(records)
+    for d in divs:
+        if d.group in seen_groups:
+            continue
+        seen_groups.add(d.group)
+        same_group = [x for x in divs if x.group == d.group and x is not d]
+        evidence = [d.summary]
+        evidence += [x.summary for x in same_group[:3]]
+        if len(same_group) > 3:
+            evidence.append(f"... and {len(same_group) - 3} more divergences in group {d.group}")
+        evidence += _count_lines(records, d.group) + pending_ev
+        if d.ambiguous:
+            evidence.append("only two sides disagree, so the records alone cannot say which one is wrong")
+        advice = [
+            f"Look at {sequence.site(d.actual or d.expected)} on {describe_ranks(d.ranks)}: the ranks of group "
+            f"{d.group} must issue the same collectives in the same order with the same shapes, dtypes and roots.",
+        ]
+        if d.kind == "missing":
+            advice.append("A rank-dependent condition (if rank == ..., uneven data, an early exit) usually skips it.")
+        out.append(Finding(
+            kind="collective-mismatch", summary=_headline(d), culprits=_culprits(report, d.ranks),
+            evidence=evidence, advice=advice,
+            confidence=CONFIDENCE_TIE if d.ambiguous else CONFIDENCE_EXACT,
+        ))
+
+    for c in sequence.cycles(records):
+        ranks = [n[0] for n in c.nodes]
+        p2p = all(r.op in sequence.P2P_OPS for r in c.records)
+        streams = {n[1] for n in c.nodes}
+        if p2p:
+            kind, head = "p2p-cycle", f"send/recv cycle between {describe_ranks(ranks)}: each waits for the other"
+            advice = ["Order sends and receives so that one side sends first (e.g. even ranks send, odd ranks "
+                      "receive), or use batch_isend_irecv / isend+irecv for the whole exchange."]
+        elif len(streams) > 1 or "host" not in streams:
+            kind, head = "stream-misplacement", f"cross-stream deadlock between {describe_ranks(ranks)}"
+            advice = ["Issue the same collective on the same stream on every rank."]
+        else:
+            kind, head = "collective-mismatch", (f"{describe_ranks(ranks)} entered collectives of different groups "
+                                                 f"in opposite orders and wait for each other")
+            advice = ["Every rank must enter shared process groups' collectives in the same order."]
+        out.append(Finding(kind=kind, summary=head, culprits=_culprits(report, ranks),
+                           evidence=[c.summary] + pending_ev, advice=advice, confidence=CONFIDENCE_CYCLE))
+
+    for m in sequence.stream_mismatches(records):
+        head = (f"{describe_ranks(m.ranks)} issued {m.actual.op} #{m.actual.seq} ({sequence.site(m.actual)}) on "
+                f"{m.what} {getattr(m.actual, m.what)!r}; the "
+                f"other ranks issued it on {getattr(m.expected, m.what)!r}")
+        out.append(Finding(
+            kind="stream-misplacement", summary=head, culprits=_culprits(report, m.ranks),
+            evidence=[m.summary] + pending_ev,
+            advice=["Issue the op under the same torch.cuda.stream(...) context on every rank (and in the same "
+                    "phase): NCCL orders work per stream, so a collective on another stream waits behind "
+                    "unrelated work and the two streams deadlock across ranks."],
+            confidence=CONFIDENCE_STREAM,
+        ))
+
+    out.extend(_missing_ranks(report, records))
+    if not out:
+        out.extend(_all_waiting(report, records))
+    return out
+
+
+def _world_size(report: Report, records: List[CollectiveRecord]) -> Optional[int]:
+    sizes = [len(r.group_ranks) for r in records if r.group == "default_pg" and r.group_ranks]
+    if sizes:
+        return max(sizes)
+    return report.job.world_size
+
+
+def _missing_ranks(report: Report, records: List[CollectiveRecord]) -> List[Finding]:
+    world = _world_size(report, records)
+    if not world:
+        return []
+    have = {r.rank for r in records} | {p.rank for p in report.job.processes if p.rank is not None}
+    missing = [r for r in range(world) if r not in have]
+    if report.job.processes:
+        # The stack side reports the ranks the grouping already found missing; add only the rest.
+        missing = [r for r in missing if r not in report.missing_ranks]
+    if not missing:
+        return []
+    return [Finding(
+        kind="missing-rank",
+        summary=f"{describe_ranks(missing)} left no records and no stacks (world size {world})",
+        culprits=[Culprit(rank=r) for r in missing],
+        evidence=[f"records came from ranks {compress_ranks(r.rank for r in records)}"],
+        advice=["Check whether those processes died, were never started, or wrote to another directory."],
+        confidence=CONFIDENCE_MISSING,
+    )]
+
+
+def _all_waiting(report: Report, records: List[CollectiveRecord]) -> List[Finding]:
+    """Every rank of a group pending in the same aligned collective: the collective itself stalls."""
+    out = []
+    for group, per_rank in sequence.collectives(records).items():
+        lasts = {r: lst[-1] for r, lst in per_rank.items() if lst}
+        if len(lasts) < 2 or any(x.state != "issued" for x in lasts.values()):
+            continue
+        if len({x.signature() for x in lasts.values()}) != 1:
+            continue
+        x = next(iter(lasts.values()))
+        out.append(Finding(
+            kind="collective-wait",
+            summary=f"all ranks of group {group} are in {x.op} #{x.seq} ({sequence.site(x)}) and none completed it",
+            culprits=[],
+            evidence=[f"ranks {compress_ranks(lasts)} issued {x.describe()}"],
+            advice=["The ranks agree; suspect the transport (network, NCCL/gloo timeouts) or a rank outside "
+                    "the records."],
+            confidence=CONFIDENCE_ALL_WAIT,
+        ))
+    return out
