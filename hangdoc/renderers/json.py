@@ -80,25 +80,31 @@ def _group(g: Group, gid: int, thread: bool = False) -> Dict[str, Any]:
     return d
 
 
-def _tree(root: TreeNode, ids: Dict[int, int]) -> Dict[str, Any]:
-    """Nested nodes ``{frame, count, groups, children}``; ``groups`` are group ids (1-based)."""
+def _tree(root: TreeNode, ids: Dict[int, int]) -> List[Dict[str, Any]]:
+    """The merged tree as a flat list of nodes in depth-first order, parents before children.
 
-    def node(n: TreeNode) -> Dict[str, Any]:
-        return {
-            "frame": _frame(n.frame) if n.frame is not None else None,
+    Each node is ``{id, parent, frames, count, groups}``: a chain of single-child nodes that the
+    same processes pass through is one node with several ``frames`` (outermost first), so the list
+    grows with branch points, and a flat list cannot overflow any JSON parser's nesting limit
+    however deep the stacks are. The root has ``id`` 0, ``parent`` null and no frames.
+    """
+    out: List[Dict[str, Any]] = []
+    work: List[Any] = [(root, None)]
+    while work:
+        n, parent = work.pop()
+        frames = [] if n.frame is None else [_frame(n.frame)]
+        node = n
+        while n.frame is not None and len(node.children) == 1 and node.children[0].count == node.count:
+            node = node.children[0]
+            frames.append(_frame(node.frame))  # type: ignore[arg-type]
+        nid = len(out)
+        out.append({
+            "id": nid,
+            "parent": parent,
+            "frames": frames,
             "count": n.count,
             "groups": sorted(ids[id(g)] for g in n.groups if id(g) in ids),
-            "children": [],
-        }
-
-    top = node(root)
-    # iterative: stacks can be deeper than Python's recursion limit
-    work: List[Any] = [(root, top)]
-    while work:
-        n, d = work.pop()
-        for c in n.children:
-            cd = node(c)
-            d["children"].append(cd)
-            work.append((c, cd))
-    return top
-
+        })
+        for c in reversed(node.children):
+            work.append((c, nid))
+    return out

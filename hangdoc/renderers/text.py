@@ -82,7 +82,7 @@ class Sets:
 
 
 def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith(("s", "ch", "sh", "x")) else f"{n} {word}s"
 
 
 def roles(g: Group) -> str:

@@ -1,0 +1,91 @@
+"""The text renderer: headline first, compressed rank/host sets, the tree, folding, colour, caps."""
+
+from __future__ import annotations
+
+import re
+
+from hangdoc.analysis.grouping import build_report
+from hangdoc.model import Culprit, Finding, Frame, Job, ParseError, Process, Source, Thread
+from hangdoc.renderers import RenderOptions, render
+
+from test_grouping import BASE, BCAST_A, bloom_job, proc
+
+ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
+def bloom_report(**kw):
+    report = build_report(bloom_job(), **kw)
+    report.findings = [
+        Finding(
+            "dataloader-stall",
+            "rank 4 waits for its DataLoader while ranks 0-3,5-7 wait in broadcast",
+            culprits=[Culprit("node2", 1004, 4)],
+            evidence=["rank 4: wait ← _next_batch (engine.py:600)"],
+            advice=["py-spy dump --subprocesses the DataLoader workers of rank 4"],
+            confidence=0.9,
+        ),
+        Finding("collective-wait", "7 ranks wait in broadcast", confidence=0.4),
+    ]
+    return report
+
+
+def test_headline_then_groups_then_tree():
+    out = render(bloom_report(), "text", RenderOptions())
+    lines = out.splitlines()
+    assert lines[0] == "hangdoc: 8 processes (ranks 0-7 on hosts node[1-2]) from 0 sources, 3 groups"
+    assert lines[2] == "» dataloader-stall: rank 4 waits for its DataLoader while ranks 0-3,5-7 wait in broadcast"
+    assert "    culprits: rank 4 (node2 pid 1004)" in lines
+    assert "    advice: py-spy dump --subprocesses the DataLoader workers of rank 4" in lines
+    assert "  collective-wait: 7 ranks wait in broadcast" in lines
+    i = lines.index("Groups (main-thread stacks, function+line, largest first)")
+    assert lines[i + 1] == "  #1 4 × ranks 0-3 on host node1"
+    assert lines[i + 2] == "     broadcast ← _bcast_pipe_scalar (engine.py:123)"
+    assert lines[i + 5] == "  #3 1 × rank 4 on host node2 pid 1004"
+    assert out.index("» dataloader-stall") < out.index("Groups") < out.index("Merged tree")
+    tree = out[out.index("Merged tree"):]
+    assert "<module> (pretrain_gpt.py:300)  [8/8: ranks 0-7 on hosts node[1-2]]" in tree
+    assert "├─ _exec_load_micro_batch (deepspeed/runtime/pipe/engine.py:650)  [4/8: ranks 0-3 on host node1]" in tree
+    assert "└─ _exec_load_micro_batch (deepspeed/runtime/pipe/engine.py:640)  [1/8: rank 4 on host node2]" in tree
+    assert re.search(r"broadcast \(torch/distributed/distributed_c10d.py:1500\)  #1$", tree, re.M)
+    assert "\033" not in out
+
+
+def test_plumbing_folded_unless_asked():
+    folded = render(bloom_report(), "text", RenderOptions())
+    assert "_exception_logger.<locals>.wrapper" not in folded
+    assert "1 plumbing frame folded" in folded
+    shown = render(bloom_report(), "text", RenderOptions(show_plumbing=True))
+    assert "_exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)" in shown
+
+
+def test_colour_only_when_asked_and_text_unchanged_by_it():
+    plain = render(bloom_report(), "text", RenderOptions())
+    coloured = render(bloom_report(), "text", RenderOptions(color=True))
+    assert "\033[" in coloured
+    assert ANSI.sub("", coloured) == plain
+
+
+def test_hosts_and_ranks_compress():
+    procs = [proc(r, BCAST_A, host=f"iam{r // 8 + 1:02d}", pid=100 + r % 8) for r in range(384) if r // 8 + 1 != 35 and r != 128]
+    out = render(build_report(Job(processes=procs)), "text", RenderOptions())
+    assert "ranks 0-127,129-271,280-383 on hosts iam[01-34,36-48]" in out
+
+
+def test_groups_and_errors_are_capped():
+    procs = [proc(r, BASE + (Frame(f"f{r}", "t.py", r),)) for r in range(30)]
+    errors = [ParseError("trace.out", n, "unexpected line") for n in range(1, 31)]
+    job = Job(processes=procs, sources=[Source("trace.out", processes=30, errors=errors)])
+    out = render(build_report(job), "text", RenderOptions(max_groups=5))
+    assert "#5 " in out and "#6 " not in out
+    assert "… 25 more groups (25 processes) not shown" in out
+    assert "25 more branches not shown" in out
+    assert "trace.out:20: unexpected line" in out and "trace.out:21: unexpected line" not in out
+    assert "… 10 more (--format json lists them all)" in out
+
+
+def test_deep_stacks_and_processes_without_identity():
+    deep = tuple(Frame(f"r{i}", "rec.py", i) for i in range(3000))
+    job = Job(processes=[Process(threads=[Thread("1", "MainThread", deep, is_main=True)]), Process(pid=7)])
+    out = render(build_report(job), "text", RenderOptions(show_plumbing=True))
+    assert "r2999 (rec.py:2999)" in out
+    assert "1 process without rank" in out
