@@ -143,8 +143,9 @@ class NicerTrace(trace.Trace):
             ('json.decoder', True)
         """
         if filename.startswith("<"):
-            # <frozen importlib._bootstrap> is the stdlib; <string>/<stdin> is the user's own code
-            return (filename[8:-1], True) if filename.startswith("<frozen ") else (filename, False)
+            # <frozen importlib._bootstrap> is the stdlib; <string> is mostly generated code
+            # (dataclasses, namedtuple), which only "trace everything" should show
+            return (filename[8:-1], True) if filename.startswith("<frozen ") else (filename, True)
         real = os.path.realpath(filename)
         for prefix in self._py_dirs:
             if real.startswith(prefix):

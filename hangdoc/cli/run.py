@@ -1,0 +1,74 @@
+"""``hangdoc run`` / ``python -m hangdoc [options] script.py [args]``: an unmodified script, wrapped.
+
+    torchrun --nproc-per-node 4 -m hangdoc --trace mypkg --hang-timeout 300 train.py --lr 0.1
+
+runs ``train.py --lr 0.1`` in every rank as ``python train.py --lr 0.1`` would (``sys.argv``,
+``sys.path[0]`` and ``__name__ == "__main__"`` as usual), with the helpers of
+:func:`hangdoc.wrap` that the options ask for. ``-m MODULE`` runs a module instead of a script.
+Everything after the script name belongs to the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", metavar="DIR", help="output directory for everything hangdoc writes ($HANGDOC_OUT, default ./hangdoc-out)")
+    parser.add_argument("--trace", metavar="PKG[,PKG]", help="NicerTrace these top-level packages plus your own code ('uninstalled': only your code, 'all': everything)")
+    parser.add_argument("--log-pids", action="store_true", help="start each trace line with the pid")
+    parser.add_argument("--no-prefix", dest="prefix", action="store_false", help="do not prefix output lines with [host:rank]")
+    parser.add_argument("--prefix-template", metavar="T", help="output prefix, e.g. '[${role_name}${rank}] ' (default '[{host}:{rank}] ')")
+    record = parser.add_mutually_exclusive_group()
+    record.add_argument("--record", dest="record", action="store_true", default=None, help="record every collective call (on with --hang-timeout)")
+    record.add_argument("--no-record", dest="record", action="store_false", help="no collective recorder, even with --hang-timeout")
+    parser.add_argument("--hang-timeout", type=float, metavar="S", help="dump every thread's stack after S seconds without progress")
+    parser.add_argument("--dump-signal", default="SIGUSR1", metavar="SIG", help="signal that dumps stacks at once (default SIGUSR1; 'none' for none)")
+    parser.add_argument("--detect", action="store_true", help="let torch check collectives across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL, Flight Recorder)")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (like python -m) instead of a script")
+    parser.add_argument("script", nargs="?", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hangdoc.cli import UsageError
+    from hangdoc.runtime.wrap import wrap
+
+    if args.module and args.script:
+        # `-m pkg.mod a b`: argparse took `a` for the script
+        args.args = [args.script] + list(args.args)
+        args.script = None
+    if not args.module and not args.script:
+        raise UsageError("no script given: hangdoc [options] script.py [args]")
+    if args.script and not os.path.exists(args.script):
+        raise UsageError(f"can't open file {args.script!r}: no such file")
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise UsageError("--hang-timeout must be positive")
+    signal_name = None if str(args.dump_signal).lower() in ("none", "", "0") else args.dump_signal
+
+    def main() -> None:
+        if args.module:
+            sys.argv = [args.module] + list(args.args)
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [args.script] + list(args.args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+            runpy.run_path(args.script, run_name="__main__")
+
+    wrap(
+        main,
+        prefix=args.prefix,
+        prefix_template=args.prefix_template,
+        trace=args.trace,
+        log_pids=args.log_pids,
+        out=args.out,
+        record=args.record,
+        hang_timeout=args.hang_timeout,
+        dump_signal=signal_name,
+        detect=args.detect,
+    )()
+    return 0

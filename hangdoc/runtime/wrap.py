@@ -1,0 +1,198 @@
+"""``hangdoc.wrap(main, **options)``: run a training entry point with hangdoc's in-job helpers.
+
+    import hangdoc
+
+    def main(epochs):
+        ...
+
+    if __name__ == "__main__":
+        hangdoc.wrap(main, trace=["mypkg"], hang_timeout=300)(epochs=3)
+
+Options (all off except ``prefix``; what is off costs nothing and imports nothing):
+
+``prefix=True``, ``prefix_template=None``
+    Prefix every stdout/stderr line with ``[host:rank] `` (:mod:`hangdoc.runtime.prefix`).
+``trace=None``
+    NicerTrace: a list of top-level packages (``["mypkg", "torch"]``) or a comma-separated string,
+    ``"uninstalled"`` / ``True`` for your own code only, ``"all"`` for everything.
+``log_pids=False``
+    Start every trace line with the pid.
+``out=None``
+    The output directory (``$HANGDOC_OUT``, else ``./hangdoc-out``); created only when something
+    is written there.
+``record=None``
+    The collective recorder: ``True`` on, ``False`` off, ``None`` on exactly when the watchdog is.
+``hang_timeout=None``
+    Seconds without progress after which the watchdog dumps every thread's stack.
+``dump_signal="SIGUSR1"``
+    The signal that makes the watchdog dump at once (``None`` for none).
+``detect=False``
+    Let torch check collectives itself: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (each collective's
+    op, shapes and dtypes are compared across ranks before it runs, so a mismatch fails fast with
+    a message instead of hanging) and the NCCL Flight Recorder dumping into the output directory
+    on a timeout. Set before torch.distributed reads them; variables you set yourself win.
+
+The recorder and watchdog modules are imported only when asked for; if one cannot be imported,
+the job runs without it after one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+__all__ = ["wrap", "Helpers"]
+
+TraceOption = Union[None, bool, str, Sequence[str]]
+
+
+def _packages(trace: TraceOption) -> Union[None, str, List[str], bool]:
+    """NicerTrace's ``packages_to_include`` for a ``trace`` option; False when tracing is off.
+
+        >>> _packages(None), _packages(True), _packages("all"), _packages("mypkg, torch")
+        (False, 'uninstalled', None, ['mypkg', 'torch'])
+    """
+    if trace is None or trace is False or trace == "" or trace == []:
+        return False
+    if trace is True or trace == "uninstalled":
+        return "uninstalled"
+    if trace in ("all", "*"):
+        return None
+    if isinstance(trace, str):
+        trace = trace.split(",")
+    return [p.strip() for p in trace if p and p.strip()]
+
+
+def _enable_detect(out_dir: str) -> None:
+    env = os.environ
+    env.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "20000")
+    env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    dump_prefix = os.path.join(out_dir, "nccl_trace_rank_")
+    env.setdefault("TORCH_FR_DUMP_TEMP_FILE", dump_prefix)
+    env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump_prefix)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        # torch.distributed read TORCH_DISTRIBUTED_DEBUG when it was imported: have it read again.
+        try:
+            dist.set_debug_level_from_env()
+        except Exception as e:
+            warnings.warn(f"hangdoc: detect: could not apply TORCH_DISTRIBUTED_DEBUG: {e}", RuntimeWarning, stacklevel=3)
+
+
+class Helpers:
+    """The helpers one :func:`wrap` call started; ``stop()`` undoes them (in reverse order)."""
+
+    def __init__(self) -> None:
+        self.restore_prefix: Optional[Callable[[], None]] = None
+        self.tracer: Any = None
+        self.watchdog: Any = None
+        self.recorder: Any = None
+
+    def start(
+        self,
+        *,
+        prefix: bool = True,
+        prefix_template: Optional[str] = None,
+        trace: TraceOption = None,
+        log_pids: bool = False,
+        out: Optional[str] = None,
+        record: Optional[bool] = None,
+        hang_timeout: Optional[float] = None,
+        dump_signal: Union[str, int, None] = "SIGUSR1",
+        detect: bool = False,
+    ) -> "Helpers":
+        if prefix:
+            from hangdoc.runtime.prefix import prefix_output
+
+            self.restore_prefix = prefix_output(prefix_template)
+        packages = _packages(trace)
+        if record is None:
+            record = hang_timeout is not None
+        if not (detect or record or hang_timeout is not None or packages is not False):
+            return self
+        from hangdoc.runtime.options import output_dir
+
+        out_dir = output_dir(out)
+        if detect:
+            _enable_detect(out_dir)
+        if hang_timeout is not None:
+            try:
+                from hangdoc.runtime import watchdog
+            except ImportError as e:
+                warnings.warn(f"hangdoc: watchdog unavailable ({e}); running without it", RuntimeWarning, stacklevel=3)
+            else:
+                self.watchdog = watchdog.start(hang_timeout=hang_timeout, out_dir=out_dir, signum=dump_signal, record=record)
+        elif record:
+            try:
+                from hangdoc.runtime import recorder
+            except ImportError as e:
+                warnings.warn(f"hangdoc: recorder unavailable ({e}); running without it", RuntimeWarning, stacklevel=3)
+            else:
+                self.recorder = recorder.enable(out_dir=out_dir)
+        if packages is not False:
+            from hangdoc.runtime.nicertrace import NicerTrace
+
+            # Started last, so that hangdoc's own start-up is not in the trace.
+            self.tracer = NicerTrace(packages_to_include=packages, log_pids=log_pids, out_dir=out_dir).start()
+        return self
+
+    def stop(self, restore_prefix: bool = True) -> None:
+        if self.tracer is not None:
+            self.tracer.stop()
+            self.tracer = None
+        if self.watchdog is not None:
+            from hangdoc.runtime import watchdog
+
+            watchdog.stop()
+            self.watchdog = None
+        # The recorder stays on: it dumps its records at exit, which is what a post-mortem needs.
+        if restore_prefix and self.restore_prefix is not None:
+            self.restore_prefix()
+            self.restore_prefix = None
+
+
+def wrap(
+    main: Optional[Callable[..., Any]] = None,
+    *,
+    prefix: bool = True,
+    prefix_template: Optional[str] = None,
+    trace: TraceOption = None,
+    log_pids: bool = False,
+    out: Optional[str] = None,
+    record: Optional[bool] = None,
+    hang_timeout: Optional[float] = None,
+    dump_signal: Union[str, int, None] = "SIGUSR1",
+    detect: bool = False,
+) -> Callable[..., Any]:
+    """Return a callable that runs ``main(*args, **kwargs)`` with the helpers the options ask for.
+
+    Used bare as a decorator (``@hangdoc.wrap``) or with options (``@hangdoc.wrap(trace="mypkg")``).
+    If ``main`` raises, output stays prefixed until the process exits, so the traceback is too.
+
+        >>> import hangdoc
+        >>> hangdoc.wrap(lambda a, b: a + b, prefix=False)(2, 3)
+        5
+    """
+    options = dict(
+        prefix=prefix, prefix_template=prefix_template, trace=trace, log_pids=log_pids, out=out,
+        record=record, hang_timeout=hang_timeout, dump_signal=dump_signal, detect=detect,
+    )
+    if main is None:
+        return lambda fn: wrap(fn, **options)  # type: ignore[arg-type]
+
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        helpers = Helpers().start(**options)  # type: ignore[arg-type]
+        ok = False
+        try:
+            result = main(*args, **kwargs)
+            ok = True
+            return result
+        finally:
+            helpers.stop(restore_prefix=ok)
+
+    return run
