@@ -1,0 +1,490 @@
+"""Findings from stacks alone: name the hang, name the culprits, say what to do next.
+
+:func:`findings` reads every process's main-thread :class:`~hangdoc.analysis.signatures.Wait` and
+returns the verdicts that stacks can support. Stacks show *where* each rank waits, never *which
+call* it waits in (a line inside a loop looks the same in every iteration) and never who the
+collective's other members are, so every verdict here has a confidence of at most 0.8; the rules
+over collective records (``record_rules``) know the exact call and win when records exist.
+
+The rules, in the order they look at a job:
+
+* ``unresponsive-process``: a process whose stack could not be taken, that is stopped, or whose
+  dump is cut off; ``missing-rank``: ranks the world size implies but no dump mentions;
+* ``dataloader-stall``: a rank waits for a batch while others wait in collectives (for it);
+* ``p2p-cycle`` (peers known from ``--locals`` and waiting on each other in a cycle) and
+  ``p2p-stall`` (a chain of waits that ends at a rank not sending/receiving, or peers unknown);
+* ``collective-mismatch``: ranks in different collectives, the same collective from different
+  call sites, or blocked outside any collective while the others wait in one;
+* ``collective-wait``: every rank in the same collective at the same place (the hang is below
+  Python); ``no-hang``: nobody is waiting on anybody, so nobody is blamed.
+
+Example (a rank that sleeps while the others wait in ``all_reduce``)::
+
+    >>> from hangdoc.model import Frame, Job, Process, Report, Thread
+    >>> ar = (Frame("<module>", "train.py", 30), Frame("step", "train.py", 12),
+    ...       Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2501))
+    >>> sl = (Frame("<module>", "train.py", 30), Frame("step", "train.py", 10),
+    ...       Frame("sleep", "", native=True))
+    >>> procs = [Process(host="n1", pid=10 + r, rank=r, threads=[Thread("1", "MainThread", sl if r == 2 else ar, is_main=True)])
+    ...          for r in range(4)]
+    >>> f = findings(Report(job=Job(processes=procs, world_size=4)))[0]
+    >>> f.kind, [c.rank for c in f.culprits]
+    ('collective-mismatch', [2])
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from hangdoc.analysis.signatures import (
+    DISTRIBUTED,
+    ONE_TO_MANY,
+    PLAIN_WAITS,
+    Wait,
+    in_loop,
+    wait_of,
+)
+from hangdoc.model import (
+    ROLE_LAUNCHER,
+    ROLE_WORKER,
+    STATUS_OK,
+    STATUS_STOPPED,
+    STATUS_TRUNCATED,
+    STATUS_UNRESPONSIVE,
+    Culprit,
+    Finding,
+    Process,
+    Report,
+)
+from hangdoc.ranges import compress_hosts, describe_ranks
+
+#: Stack-only verdicts never claim more than this (record-based rules use 0.9 and more).
+MAX_CONFIDENCE = 0.8
+
+_RECORDS_ADVICE = (
+    "Run again with the collective recorder (`hangdoc run --record ...`, or `--hang-timeout S` for the "
+    "watchdog) and aggregate the `collectives-*.jsonl` files with the dumps: the records name the exact "
+    "call and rank that diverged."
+)
+_LOCALS_ADVICE = "Dump with `py-spy dump --locals` (or `hangdoc dump`, which passes it) so the stacks show src/dst of each send/recv."
+
+
+def findings(report: Report) -> List[Finding]:
+    """Every verdict the stacks of ``report`` support, highest confidence first.
+
+    >>> from hangdoc.model import Job, Report
+    >>> findings(Report(job=Job()))
+    []
+    """
+    return _Analysis(report).run()
+
+
+# --- naming processes ----------------------------------------------------------------------------
+
+
+def _sorted(procs: Iterable[Process]) -> List[Process]:
+    return sorted(procs, key=lambda p: p.key)
+
+
+def who(procs: Sequence[Process]) -> str:
+    """``ranks 0-2,5`` or ``process (node1 pid 42)`` or ``12 processes on node[1-2]``."""
+    ranks = [p.rank for p in procs if p.rank is not None]
+    rest = _sorted(p for p in procs if p.rank is None)
+    parts = []
+    if ranks:
+        parts.append(describe_ranks(ranks))
+    if rest:
+        if len(rest) == 1:
+            parts.append(rest[0].describe())
+        else:
+            hosts = [p.host for p in rest if p.host]
+            pids = [str(p.pid) for p in rest if p.pid is not None]
+            parts.append(f"{len(rest)} processes" + (f" on {compress_hosts(hosts)}" if hosts else "")
+                         + (f" (pids {', '.join(pids)})" if 0 < len(pids) <= 4 else ""))
+    return ", ".join(parts) if parts else "no process"
+
+
+def _culprits(procs: Iterable[Process]) -> List[Culprit]:
+    seen: List[Culprit] = []
+    have = set()
+    for p in _sorted(procs):
+        c = p.culprit()
+        if c not in have:
+            have.add(c)
+            seen.append(c)
+    return seen
+
+
+def _is_worker(p: Process, w: Optional[Wait]) -> bool:
+    return p.role == ROLE_WORKER or (w is not None and w.category == "dataloader-worker")
+
+
+# --- the analysis --------------------------------------------------------------------------------
+
+
+class _Analysis:
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.out: List[Finding] = []
+        procs = [p for p in report.job.processes if p.role != ROLE_LAUNCHER]
+        self.wait: Dict[int, Wait] = {}
+        for p in procs:
+            self.wait[id(p)] = wait_of(p) if p.status == STATUS_OK else Wait("unknown")
+        self.workers = [p for p in procs if _is_worker(p, self.wait[id(p)])]
+        worker_ids = {id(p) for p in self.workers}
+        self.ranks = [p for p in procs if id(p) not in worker_ids]
+        self.ok = [p for p in self.ranks if p.status == STATUS_OK]
+        self.not_ok = [p for p in procs if p.status != STATUS_OK]
+        self.missing = list(report.missing_ranks or [])
+        self.by_rank = {p.rank: p for p in self.ranks if p.rank is not None}
+
+    def w(self, p: Process) -> Wait:
+        return self.wait[id(p)]
+
+    def in_category(self, cats: Iterable[str], procs: Optional[Sequence[Process]] = None) -> List[Process]:
+        cats = set(cats)
+        return [p for p in (self.ok if procs is None else procs) if self.w(p).category in cats]
+
+    def places(self, procs: Sequence[Process]) -> List[Tuple[Wait, List[Process]]]:
+        """Processes grouped by place (category, op, frame, call site), largest first."""
+        groups: Dict[Tuple, Tuple[Wait, List[Process]]] = {}
+        for p in procs:
+            w = self.w(p)
+            groups.setdefault(w.place(), (w, []))[1].append(p)
+        return sorted(((w, _sorted(ps)) for w, ps in groups.values()), key=lambda g: (-len(g[1]), g[0].describe()))
+
+    def evidence_lines(self, procs: Sequence[Process]) -> List[str]:
+        return [f"{who(ps)}: {w.describe()}" for w, ps in self.places(procs)]
+
+    # -- the rules, in order ----------------------------------------------------------------------
+
+    def run(self) -> List[Finding]:
+        waiting_dist = self.in_category(DISTRIBUTED)
+        explained = self.unresponsive(waiting_dist) | self.missing_ranks(waiting_dist)
+        if not self.dataloader_stall():
+            self.p2p()
+            self.collectives(explained)
+        if not self.out:
+            self.no_hang()
+        for f in self.out:
+            f.confidence = min(f.confidence, MAX_CONFIDENCE)
+        return sorted(self.out, key=lambda f: -f.confidence)
+
+    def unresponsive(self, waiting: List[Process]) -> bool:
+        others = bool(waiting) and len(waiting) == len(self.ok)
+        by_status: Dict[str, List[Process]] = {}
+        for p in self.not_ok:
+            by_status.setdefault(p.status, []).append(p)
+        for status, procs in sorted(by_status.items()):
+            procs = _sorted(procs)
+            details = [f"{p.describe()}: {p.status}" + (f" ({p.status_detail})" if p.status_detail else "")
+                       + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in procs]
+            if waiting:
+                details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
+            if status == STATUS_STOPPED:
+                summary = f"{who(procs)} {'is' if len(procs) == 1 else 'are'} stopped (SIGSTOP, a debugger or a frozen node)"
+                advice = [f"Resume with `kill -CONT {procs[0].pid or 'PID'}` or detach the debugger; find out who stopped it (job scheduler suspend, `gdb`, a `kill -STOP`).",
+                          "While a rank is stopped every collective it belongs to waits for it."]
+                conf = 0.8
+            elif status == STATUS_TRUNCATED:
+                summary = f"the dump of {who(procs)} is cut off"
+                advice = ["Take the dump again (the file was cut short: a full disk, a killed dumper, or a process that died while it was dumped).",
+                          "If it died, its log and `dmesg` (OOM killer) say why."]
+                conf = 0.6 if others else 0.4
+            else:
+                summary = f"the stack of {who(procs)} could not be taken"
+                advice = ["Retry with root rights (`sudo py-spy dump --pid PID`), or `gdb -p PID -batch -ex 'thread apply all bt'`.",
+                          "Check `grep State /proc/PID/status`: `D` means stuck in the kernel (driver, filesystem, GPU); `Z` means it died and was not reaped."]
+                conf = 0.7 if others else 0.5
+            self.out.append(Finding("unresponsive-process", summary, _culprits(procs), details, advice, conf))
+        return bool(self.not_ok)
+
+    def missing_ranks(self, waiting: List[Process]) -> bool:
+        if not self.missing:
+            return False
+        others = bool(waiting) and len(waiting) == len(self.ok)
+        ws = self.report.job.world_size
+        summary = f"{describe_ranks(self.missing)} left no dump" + (f" (world size {ws})" if ws else "")
+        evidence = [f"dumps cover {who(self.ranks)}"] if self.ranks else []
+        if waiting:
+            evidence += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
+        advice = ["Check whether it is still running: its log, exit code, `dmesg` on its node (OOM killer), `ps` for its pid.",
+                  "If it runs, dump it too (`hangdoc dump` on its node) and aggregate again."]
+        self.out.append(Finding("missing-rank", summary, [Culprit(rank=r) for r in sorted(self.missing)], evidence, advice,
+                                0.7 if others else 0.4))
+        return True
+
+    def dataloader_stall(self) -> bool:
+        dl = self.in_category(["dataloader-wait"])
+        if not dl:
+            return False
+        dl_ids = {id(p) for p in dl}
+        others = [p for p in self.ok if id(p) not in dl_ids]
+        waiting_for_it = self.in_category(DISTRIBUTED, others)
+        pids = {(p.host, p.pid) for p in dl}
+        ranks = {p.rank for p in dl if p.rank is not None}
+        own = [q for q in self.workers
+               if (q.ppid is not None and (q.host, q.ppid) in pids) or (q.parent_rank is not None and q.parent_rank in ranks)]
+        stuck = [q for q in own if q.status != STATUS_OK or self.w(q).detail not in ("idle", "")]
+        summary = f"{who(dl)} {'waits' if len(dl) == 1 else 'wait'} for a DataLoader batch at {self._site(dl)}"
+        if waiting_for_it:
+            summary += f"; {who(waiting_for_it)} wait in collectives for {'it' if len(dl) == 1 else 'them'}"
+        evidence = self.evidence_lines(dl + others)
+        for q in _sorted(own):
+            evidence.append(f"worker {q.describe()}: {self.w(q).describe() if q.status == STATUS_OK else q.status}")
+        if not own:
+            evidence.append("no DataLoader worker process was dumped, so what the workers are stuck in is not shown")
+        advice = [
+            "Likely cause: a worker forked while another thread held a lock (logging, a metrics or tokenizer lock) "
+            "inherits the held lock and blocks for ever in `__getitem__`; the batch never comes.",
+            f"Dump the workers to see it: `py-spy dump --pid` on each child of {self._pids(dl)} (or `hangdoc dump`, which includes them).",
+            "Work around: `num_workers=0` for the affected loader (e.g. the validation loader), or "
+            "`multiprocessing_context=\"spawn\"` / `\"forkserver\"` so workers do not inherit held locks.",
+            "Give the loader a `timeout=` so a lost batch raises instead of hanging the job.",
+        ]
+        conf = 0.8 if waiting_for_it else 0.6
+        self.out.append(Finding("dataloader-stall", summary, _culprits(dl + stuck), evidence, advice, conf))
+        return True
+
+    def p2p(self) -> None:
+        p2p = self.in_category(["p2p"])
+        if not p2p:
+            return
+        known = {p.rank: p for p in p2p if p.rank is not None and self.w(p).peer is not None and not self.w(p).peer_is_group_rank}
+        if known:
+            self._p2p_graph(known)
+        unknown = [p for p in p2p if p.rank not in known or p.rank is None]
+        if unknown:
+            self._p2p_unknown(unknown)
+
+    def _satisfied(self, p: Process, w: Wait) -> bool:
+        q = self.by_rank.get(w.peer)
+        if q is None or q.status != STATUS_OK:
+            return False
+        v = self.w(q)
+        if v.category != "p2p" or v.peer is None or v.peer_is_group_rank:
+            return False
+        recv = w.op in ("recv", "irecv", "recv_object_list")
+        other_recv = v.op in ("recv", "irecv", "recv_object_list")
+        return v.peer == p.rank and recv != other_recv
+
+    def _p2p_graph(self, known: Dict[int, Process]) -> None:
+        edges = {r: self.w(p).peer for r, p in known.items() if not self._satisfied(p, self.w(p))}
+        arrow = lambda r: f"rank {r} {self.w(known[r]).op}{'←' if self.w(known[r]).op.startswith('recv') or self.w(known[r]).op.startswith('irecv') else '→'}{edges[r]}"
+        in_cycle: set = set()
+        for start in sorted(edges):
+            path: List[int] = []
+            seen: Dict[int, int] = {}
+            r: Optional[int] = start
+            while r is not None and r in edges and r not in seen:
+                seen[r] = len(path)
+                path.append(r)
+                r = edges[r]
+            if r is not None and r in seen:
+                cycle = path[seen[r]:]
+                if not in_cycle.intersection(cycle):
+                    in_cycle.update(cycle)
+                    procs = [known[x] for x in cycle]
+                    order = cycle[cycle.index(min(cycle)):] + cycle[:cycle.index(min(cycle))]
+                    self.out.append(Finding(
+                        "p2p-cycle",
+                        f"point-to-point cycle: {', '.join(arrow(x) for x in order)}",
+                        _culprits(procs),
+                        self.evidence_lines(procs),
+                        ["Each of these ranks waits for a send/recv of the next one, which waits in turn: reorder "
+                         "the sends and recvs so one side sends first (or use `batch_isend_irecv` for both directions at once).",
+                         "In pipeline schedules, check that stage k's recv order matches stage k±1's send order."],
+                        0.8,
+                    ))
+        # Chains that end outside p2p: the rank at the end is what the chain waits for.
+        ends: Dict[int, List[int]] = {}
+        for start in sorted(edges):
+            r: Optional[int] = start
+            seen_chain = set()
+            while r is not None and r in edges and r not in seen_chain and r not in in_cycle:
+                seen_chain.add(r)
+                r = edges[r]
+            if r is None or r in in_cycle or r in edges:
+                continue
+            ends.setdefault(r, []).append(start)
+        for end, starts in sorted(ends.items()):
+            q = self.by_rank.get(end)
+            waiting = [known[s] for s in starts]
+            if q is None:
+                what = "left no dump" if end in self.missing else "is not in the dumps"
+                culprits = [Culprit(rank=end)]
+            elif q.status != STATUS_OK:
+                what = f"is {q.status}"
+                culprits = [q.culprit()]
+            else:
+                what = f"is at {self.w(q).describe()}"
+                culprits = [q.culprit()]
+            self.out.append(Finding(
+                "p2p-stall",
+                f"{who(waiting)} {'waits' if len(waiting) == 1 else 'wait'} on rank {end}, which {what}",
+                culprits,
+                self.evidence_lines(waiting + ([q] if q is not None and q.status == STATUS_OK else [])),
+                [f"Find out why rank {end} does not reach the matching send/recv: the path it took instead is its stack above.",
+                 _RECORDS_ADVICE],
+                0.6,
+            ))
+
+    def _p2p_unknown(self, procs: List[Process]) -> None:
+        # Key: the whole user part of the stack, so ranks of one stage (same code path) share it.
+        groups: Dict[Tuple, List[Process]] = {}
+        for p in procs:
+            groups.setdefault(self._user_path(p), []).append(p)
+        sizes = sorted(len(g) for g in groups.values())
+        odd: List[Process] = []
+        if len(groups) > 1 and sizes[-1] >= 2:
+            odd = [p for g in groups.values() if len(g) < sizes[-1] for p in g]
+        evidence = self.evidence_lines(procs)
+        if odd:
+            summary = f"{who(procs)} wait in send/recv with unknown peers; {who(odd)} {'is' if len(odd) == 1 else 'are'} at call sites no other stage shares"
+            conf = 0.5
+        else:
+            summary = f"{who(procs)} wait in send/recv with unknown peers"
+            evidence.append("every waiting stage is at its own call site (or all share one), so stacks cannot single out a rank")
+            conf = 0.4
+        self.out.append(Finding("p2p-stall", summary, _culprits(odd), evidence,
+                                [_LOCALS_ADVICE + " With peers known, hangdoc shows the wait-for cycle.", _RECORDS_ADVICE], conf))
+
+    def _user_path(self, p: Process) -> Tuple:
+        from hangdoc.analysis.signatures import is_library
+
+        t = p.main_thread
+        frames = t.frames if t is not None else ()
+        return (self.w(p).category, self.w(p).op) + tuple(
+            (f.function, f.file, f.line) for f in frames if not f.native and not is_library(f))
+
+    def collectives(self, explained: bool) -> None:
+        dist = self.in_category(["collective", "host-sync"])
+        if not dist:
+            return
+        blocked = self.in_category(list(PLAIN_WAITS) + ["unknown"])
+        busy = self.in_category(["compute"])
+        places = self.places(dist)
+        loop_notes = self._loop_notes(places)
+        if len(places) == 1 and not blocked:
+            (w, ps), = places
+            if busy:
+                self.out.append(Finding(
+                    "no-hang",
+                    f"{who(busy)} {'is' if len(busy) == 1 else 'are'} computing while {who(ps)} wait in {w.describe()}",
+                    [],
+                    self.evidence_lines(busy + ps) + loop_notes,
+                    ["A running job looks like this too: take a second dump a minute later. If the same ranks are still "
+                     f"computing at the same place, they are stuck there (an endless loop?) and the others wait for them."],
+                    0.3,
+                ))
+                return
+            if explained or self.in_category(["p2p"]):
+                return  # the unresponsive/missing or p2p findings already say what they wait for
+            self.out.append(Finding(
+                "collective-wait",
+                f"every rank waits in {w.describe()}: the hang is below Python",
+                [],
+                [f"{who(ps)}: {w.describe()}"] + loop_notes,
+                ["Turn on `NCCL_DEBUG=INFO` (and `NCCL_DEBUG_SUBSYS=COLL,P2P`) to see which rank the collective waits for.",
+                 "Run the all-ranks connectivity test in `examples/` on the same nodes to find a bad link or node.",
+                 "Isolate GPUs: rerun on subsets of nodes; a slow or dead GPU holds everyone.",
+                 "`CUDA_LAUNCH_BLOCKING=1` surfaces asynchronous CUDA errors at the call that caused them.",
+                 _RECORDS_ADVICE],
+                0.6,
+            ))
+            return
+        self._mismatch(places, blocked, busy, loop_notes)
+
+    def _mismatch(self, places, blocked: List[Process], busy: List[Process], loop_notes: List[str]) -> None:
+        evidence = self.evidence_lines([p for _, ps in places for p in ps] + blocked + busy)
+        advice: List[str] = []
+        if blocked:
+            culprits = blocked
+            summary = (f"{who(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked outside any collective "
+                       f"({'; '.join(w.describe() for w, _ in self.places(blocked))}) while {who([p for _, ps in places for p in ps])} wait in collectives")
+            advice.append("Find out why the blocked ranks wait where they do (a lock held by another thread, a sleep, "
+                          "a read from a file or socket): the others wait in the collective for them.")
+            conf = 0.7
+        else:
+            rooted = [(w, ps) for w, ps in places if w.op in ONE_TO_MANY]
+            if len(rooted) == 1:
+                w, ps = rooted[0]
+                moved = [p for x, qs in places if x is not w for p in qs]
+                culprits = moved
+                summary = (f"{who(ps)} wait in {w.describe()} while {who(moved)} "
+                           f"{'is' if len(moved) == 1 else 'are'} in other collectives: one of {who(moved)} never joined the {w.op}")
+                evidence.append(
+                    f"Why not blame the ranks stuck in {w.op}: with gloo, the receivers of a {w.op} return as soon as they "
+                    f"have the data while the root still waits for every receiver, so ranks that moved on include the one "
+                    f"that skipped it. Stacks cannot tell which of {who(moved)} that is; the collective records can.")
+                root = w.root
+                if root is not None:
+                    evidence.append(f"the {w.op} root is rank {root} (from --locals)")
+                conf = 0.5
+            else:
+                sizes = [len(ps) for _, ps in places]
+                biggest = max(sizes)
+                culprits = [p for _, ps in places if len(ps) < biggest for p in ps] if sizes.count(biggest) < len(sizes) else []
+                groups = "; ".join(f"{who(ps)} in {w.describe()}" for w, ps in places)
+                summary = f"ranks wait in different collectives: {groups}"
+                evidence.append("Each side waits for the other to join its collective; the side that took a different code path "
+                                "is to blame" + (f", most likely the smaller one ({who(culprits)})" if culprits else
+                                                 ", and the groups are the same size, so stacks cannot say which"))
+                conf = 0.6 if culprits else 0.4
+            evidence.append("If these ranks belong to different process groups (pipeline stages, tensor-parallel groups), "
+                            "different collectives at the same moment can be normal; the collective records settle it.")
+            advice.append("Look for a rank-dependent branch around these call sites (`if rank == ...`, an early `continue`/"
+                          "`return`, data-dependent loop counts) that lets some ranks skip or add a collective.")
+        if busy:
+            evidence.append(f"{who(busy)} {'is' if len(busy) == 1 else 'are'} computing (not blamed: a running rank may just be slow)")
+        advice.append(_RECORDS_ADVICE)
+        self.out.append(Finding("collective-mismatch", summary, _culprits(culprits), evidence + loop_notes, advice, conf))
+
+    def _loop_notes(self, places) -> List[str]:
+        notes = []
+        for w, ps in places:
+            if len(ps) < 2 or w.call_site is None:
+                continue
+            site = w.call_site
+            known = in_loop(site.file, site.line) if site.file and site.line else None
+            head = f"{who(ps)} share the line {site.label()}"
+            if known is True:
+                head += ", which is inside a loop"
+            elif known is None:
+                head += "; if it runs in a loop"
+            else:
+                continue
+            notes.append(head + ", stacks cannot tell iterations apart: they may be in different steps. "
+                         "Collective records (sequence numbers), step markers (watchdog `step()`, NicerTrace) or "
+                         "`--locals` of the step counter would.")
+        return notes
+
+    def no_hang(self) -> None:
+        if not self.ok:
+            return
+        busy = self.in_category(["compute"])
+        busy_ids = {id(p) for p in busy}
+        local = [p for p in self.ok if id(p) not in busy_ids]
+        if local:
+            summary = f"no distributed hang signature: {who(local)} wait locally, not on other ranks"
+        else:
+            summary = "no hang signature: every process is busy"
+        self.out.append(Finding(
+            "no-hang",
+            summary,
+            [],
+            self.evidence_lines(self.ok),
+            ["If the job is stuck anyway, take dumps again a minute later and compare: ranks that stay at the same "
+             "place are the ones to look at.", "Dump with `--native` to see C-level waits (a lock, `cudaStreamSynchronize`) that Python frames hide."],
+            0.3,
+        ))
+
+    def _site(self, procs: Sequence[Process]) -> str:
+        sites = sorted({(self.w(p).call_site or self.w(p).frame).label() for p in procs
+                        if (self.w(p).call_site or self.w(p).frame) is not None})
+        return ", ".join(sites) if sites else "an unknown place"
+
+    @staticmethod
+    def _pids(procs: Sequence[Process]) -> str:
+        pids = [str(p.pid) for p in _sorted(procs) if p.pid is not None]
+        return ("pid " + ", ".join(pids)) if pids else "the rank"
