@@ -1,1 +1,608 @@
-"""pytest plugin entry point (registered through ``pytest11``); inactive unless a test uses it."""
+"""pytest plugin (``pytest11`` entry point ``hangdoc``): multi-rank tests that never hang.
+
+``@pytest.mark.world_size(n, backend="gloo", timeout=60)`` runs the test once per rank, each rank
+in its own process with an initialised process group, and passes only when every rank passed and
+all ranks issued the same collectives in the same order with matching signatures. A rank that
+outlives ``timeout`` gets its stacks taken, the aggregator's verdict goes into the failure, and
+every process is killed. ``backend="fake"`` runs the ranks one after another inside the pytest
+process (no communication), for order checks at large world sizes. Inactive unless a test uses
+the mark or the fixtures. See docs/pytest-plugin.md.
+
+    import torch, torch.distributed as dist, pytest
+
+    @pytest.mark.world_size(2)
+    def test_allreduce(rank, world_size):
+        t = torch.ones(3) * rank
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import pytest
+
+from hangdoc.testing import child as _child
+
+DEFAULT_TIMEOUT = 60.0
+#: how long ranks may take to get from spawn to the test's setup (imports, collection).
+STARTUP_LIMIT = 120.0
+#: how long after the first rank started the others may still be importing.
+STARTUP_SPREAD = 60.0
+BACKENDS = ("gloo", "fake")
+
+
+@dataclass(frozen=True)
+class Spec:
+    world_size: int
+    backend: str
+    timeout: float
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hangdoc", "hangdoc multi-rank tests")
+    group.addoption(
+        "--hangdoc-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="timeout of @pytest.mark.world_size tests that do not set one (default: ini hangdoc_timeout or 60)",
+    )
+    parser.addini("hangdoc_timeout", "default timeout in seconds of @pytest.mark.world_size tests", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "world_size(n, backend='gloo', timeout=60): run the test on n ranks, one process each ('fake': "
+        "in-process, no communication) and fail on a collective-order divergence or a hang",
+    )
+    if _child.in_child():
+        session = _child.RankSession()
+        config.stash[_RANK_KEY] = session
+        session.start_guard()
+
+
+_RANK_KEY = pytest.StashKey["_child.RankSession"]()
+_SAVED_FIXTURES = pytest.StashKey[Sequence[str]]()
+
+
+def _spec(item: pytest.Item) -> Optional[Spec]:
+    mark = item.get_closest_marker("world_size")
+    if mark is None:
+        return None
+    args, kwargs = list(mark.args), dict(mark.kwargs)
+    n = args.pop(0) if args else kwargs.pop("n", kwargs.pop("world_size", None))
+    backend = kwargs.pop("backend", args.pop(0) if args else "gloo")
+    timeout = kwargs.pop("timeout", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.world_size needs a positive int world size, got {n!r}")
+    if backend not in BACKENDS:
+        raise pytest.UsageError(f"{item.nodeid}: world_size backend must be one of {BACKENDS}, got {backend!r}")
+    if args or kwargs:
+        raise pytest.UsageError(f"{item.nodeid}: unexpected world_size arguments {args or ''}{kwargs or ''}")
+    if timeout is None:
+        timeout = item.config.getoption("hangdoc_timeout")
+    if timeout is None:
+        ini = item.config.getini("hangdoc_timeout")
+        timeout = float(ini) if ini else DEFAULT_TIMEOUT
+    return Spec(n, backend, float(timeout))
+
+
+def _in_process(item: pytest.Item, spec: Spec) -> bool:
+    """Fake-backend tests run in-process unless a fixture (not just the test) depends on the rank."""
+    if spec.backend != "fake" or not isinstance(item, pytest.Function):
+        return False
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return False
+    except ImportError:
+        return False
+    info = item._fixtureinfo
+    for name in info.names_closure:
+        if name in ("rank", "world_size", "collective_trace"):
+            continue
+        defs = info.name2fixturedefs.get(name) or ()
+        for fd in defs:
+            if set(fd.argnames) & {"rank", "world_size"}:
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> int:
+    """This process's rank in a ``@pytest.mark.world_size`` test."""
+    session = request.config.stash.get(_RANK_KEY, None)
+    if session is not None:
+        return session.rank
+    if _spec(request.node) is not None:
+        return 0  # in-process fake runs pass each rank's value to the test function directly
+    return _from_dist("rank", "get_rank")
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> int:
+    """The world size of a ``@pytest.mark.world_size`` test."""
+    session = request.config.stash.get(_RANK_KEY, None)
+    if session is not None:
+        return session.world_size
+    spec = _spec(request.node)
+    if spec is not None:
+        return spec.world_size
+    return _from_dist("world_size", "get_world_size")
+
+
+@pytest.fixture
+def collective_trace():
+    """This rank's recorded collectives so far: ``collective_trace.ops()``, ``.calls()``, ``.records()``."""
+    from hangdoc.testing.order import RankTrace
+
+    return RankTrace()
+
+
+def _from_dist(name: str, getter: str) -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(getattr(dist, getter)())
+    except ImportError:
+        pass
+    raise pytest.UsageError(f"the {name!r} fixture needs @pytest.mark.world_size(n) on the test (or an initialised process group)")
+
+
+# ---------------------------------------------------------------------------------------------
+# rank processes: the hooks that run inside each one
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item):
+    session = item.config.stash.get(_RANK_KEY, None)
+    if session is not None:
+        session.setup()
+    else:
+        spec = _spec(item)
+        if spec is not None and not _in_process(item, spec):
+            # The parent only supervises: the test's fixtures are set up in the rank processes.
+            item.stash[_SAVED_FIXTURES] = item.fixturenames
+            item.fixturenames = []
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    yield
+    session = item.config.stash.get(_RANK_KEY, None)
+    if session is not None:
+        session.teardown()
+    elif _SAVED_FIXTURES in item.stash:
+        item.fixturenames = item.stash[_SAVED_FIXTURES]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    session = _current_session()
+    if session is not None:
+        session.add_report(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    session = _current_session()
+    if session is not None and report.failed:
+        session.add_collect_error(report)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    rank_session = session.config.stash.get(_RANK_KEY, None)
+    if rank_session is not None:
+        rank_session.teardown()
+        rank_session.write_result(exitstatus)
+
+
+_CONFIG: List[pytest.Config] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CONFIG[:] = [session.config]
+
+
+def _current_session() -> Optional[_child.RankSession]:
+    if not _CONFIG:
+        return None
+    return _CONFIG[0].stash.get(_RANK_KEY, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
+    if pyfuncitem.config.stash.get(_RANK_KEY, None) is not None:
+        return None  # a rank process: run the test as usual
+    spec = _spec(pyfuncitem)
+    if spec is None:
+        return None
+    if _in_process(pyfuncitem, spec):
+        _run_in_process(pyfuncitem, spec)
+    else:
+        _run_processes(pyfuncitem, spec)
+    return True
+
+
+def _run_in_process(item: pytest.Function, spec: Spec) -> None:
+    from hangdoc.testing.order import CollectiveTrace, _note, run_in_process, verdict_message
+
+    fn = item.obj
+    testargs = {arg: item.funcargs[arg] for arg in item._fixtureinfo.argnames}
+
+    def call(r: int) -> None:
+        if "rank" in testargs:
+            testargs["rank"] = r
+        if "world_size" in testargs:
+            testargs["world_size"] = spec.world_size
+        fn(**testargs)
+
+    records, errors = run_in_process(call, spec.world_size)
+    trace = CollectiveTrace(records, spec.world_size, errors)
+    found = trace.divergences()
+    if found:
+        pytest.fail(verdict_message(trace, found, "fake"), pytrace=False)
+    if errors:
+        r, err = min(errors.items())
+        others = sorted(set(errors) - {r})
+        _note(err, f"raised on rank {r} of {spec.world_size} (fake backend, ranks run one after another in-process)"
+              + (f"; ranks {others} raised too" if others else ""))
+        raise err
+
+
+def _run_processes(item: pytest.Function, spec: Spec) -> None:
+    from hangdoc.testing.procs import RankProcesses
+
+    run_dir = _run_dir(item)
+    store = None
+    store_addr = ""
+    if spec.backend == "gloo":
+        import torch.distributed as dist
+
+        from datetime import timedelta
+
+        # Port 0: the kernel picks a free port, so parallel tests (xdist) never collide.
+        store = dist.TCPStore("127.0.0.1", 0, spec.world_size, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=spec.timeout * 2 + 60))
+        store_addr = f"127.0.0.1:{store.port}"
+    cmds = [_child_command(item, run_dir, r) for r in range(spec.world_size)]
+    envs = [_child_env(item, spec, r, run_dir, store_addr) for r in range(spec.world_size)]
+    ranks = RankProcesses(cmds, envs, log_dir=run_dir, cwd=str(item.config.invocation_params.dir))
+    outcome: Optional[str] = None
+    hang: Optional[Dict[str, Any]] = None
+    try:
+        clock = _Clock(run_dir, ranks, spec.timeout)
+        finished = ranks.wait(STARTUP_LIMIT + spec.timeout, until=clock.deadline)
+        if not finished:
+            hang = _take_hang_evidence(ranks, run_dir, spec)
+            hang["started"] = clock.all_started is not None
+    finally:
+        ranks.kill_all()
+        del store
+    outcome = _judge(item, spec, ranks, run_dir, hang)
+    if outcome is not None:
+        pytest.fail(outcome, pytrace=False)
+
+
+class _Clock:
+    """The hang clock starts once every rank reached the test (or exited), not at spawn."""
+
+    def __init__(self, run_dir: str, ranks, timeout: float) -> None:
+        self.run_dir = run_dir
+        self.ranks = ranks
+        self.timeout = timeout
+        self.first_started: Optional[float] = None
+        self.all_started: Optional[float] = None
+
+    def deadline(self) -> Optional[float]:
+        if self.all_started is not None:
+            return None
+        n = len(self.ranks.procs)
+        ready = [os.path.exists(os.path.join(self.run_dir, f"started-r{r}")) or self.ranks.procs[r].poll() is not None
+                 for r in range(n)]
+        now = time.monotonic()
+        if any(ready) and self.first_started is None:
+            self.first_started = now
+        if all(ready):
+            self.all_started = now
+            return now + self.timeout
+        if self.first_started is not None:
+            return self.first_started + STARTUP_SPREAD + self.timeout
+        return None
+
+
+def _run_dir(item: pytest.Item) -> str:
+    import re
+    import tempfile
+
+    name = re.sub(r"[^\w]+", "_", item.name)[:30] or "test"
+    factory = getattr(item.config, "_tmp_path_factory", None)
+    if factory is not None:
+        try:
+            return str(factory.mktemp(f"hangdoc-{name}", numbered=True))
+        except Exception:
+            pass
+    return tempfile.mkdtemp(prefix=f"hangdoc-{name}-")
+
+
+def _forwarded_args(config: pytest.Config) -> List[str]:
+    """Options of the parent's command line that decide how the rank processes collect the test."""
+    args = list(config.invocation_params.args)
+    out: List[str] = []
+    i = 0
+    takes_value = {"-p", "--import-mode", "--confcutdir", "-o", "--override-ini", "-c", "--config-file"}
+    flags = {"--noconftest"}
+    while i < len(args):
+        a = str(args[i])
+        if a in takes_value and i + 1 < len(args):
+            out += [a, str(args[i + 1])]
+            i += 2
+            continue
+        if (a.startswith("-p") and len(a) > 2 and not a.startswith("--")) or a in flags or any(
+            a.startswith(k + "=") for k in takes_value if k.startswith("--")
+        ):
+            out.append(a)
+        i += 1
+    return out
+
+
+def _child_command(item: pytest.Item, run_dir: str, rank: int) -> List[str]:
+    config = item.config
+    cmd = [sys.executable, "-m", "pytest"]
+    forwarded = _forwarded_args(config)
+    cmd += forwarded
+    # Loaded through the entry point, the rank process loads it the same way; else name it.
+    if config.pluginmanager.get_plugin("hangdoc") is None and "hangdoc.testing.plugin" not in forwarded:
+        cmd += ["-p", "hangdoc.testing.plugin"]
+    cmd += [
+        "--rootdir", str(config.rootpath),
+        "-o", "addopts=",
+        "-p", "no:cacheprovider",
+        "-p", "no:xdist",
+        "-p", "no:randomly",
+        # xfail marks are judged once, by the parent, on the merged outcome.
+        "--runxfail",
+        "--capture=no",
+        "-qq", "--no-header", "--no-summary",
+    ]
+    if config.inipath is not None and not any(a in ("-c", "--config-file") for a in forwarded):
+        cmd += ["-c", str(config.inipath)]
+    # Each rank its own basetemp: ranks must not rotate (delete) each other's tmp_path.
+    cmd += ["--basetemp", os.path.join(run_dir, f"tmp-r{rank}"), item.nodeid]
+    return cmd
+
+
+def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_addr: str) -> Dict[str, str]:
+    import hangdoc
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(hangdoc.__file__)))
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    env = {
+        _child.ENV_RANK: str(rank),
+        _child.ENV_WORLD_SIZE: str(spec.world_size),
+        _child.ENV_BACKEND: spec.backend,
+        _child.ENV_STORE: store_addr,
+        _child.ENV_DIR: run_dir,
+        _child.ENV_NODEID: item.nodeid,
+        _child.ENV_TIMEOUT: str(spec.timeout),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(spec.world_size),
+        "PYTHONPATH": root + (os.pathsep + pythonpath if pythonpath else ""),
+        # Nothing from the parent's command line environment: no "-n 4", no "--lf" in a rank.
+        "PYTEST_ADDOPTS": "",
+    }
+    if store_addr:
+        env["MASTER_ADDR"], _, env["MASTER_PORT"] = store_addr.rpartition(":")
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"  # as torchrun does: n ranks must not each spin up a thread per core
+    return env
+
+
+def _take_hang_evidence(ranks, run_dir: str, spec: Spec) -> Dict[str, Any]:
+    """Stacks (py-spy, else faulthandler from the rank's guard thread) and records of the hung ranks."""
+    from hangdoc.runtime.identity import short_hostname
+    from hangdoc.tags import format_tag
+    from hangdoc.testing.procs import pyspy_dump
+    from hangdoc.atomic import write_atomic
+
+    alive = ranks.alive()
+    ranks.request_dump(alive)
+    pids = {r: ranks.procs[r].pid for r in alive}
+    spied = pyspy_dump(list(pids.values()))
+    host = os.environ.get("HANGDOC_HOST") or short_hostname()
+    for r, pid in pids.items():
+        text = spied.get(pid)
+        if text:
+            tag = format_tag(host=host, pid=pid, rank=r, local_rank=r, world_size=spec.world_size)
+            write_atomic(os.path.join(run_dir, f"stacks-{host}-r{r}-{pid}.txt"), tag + "\n" + text)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(run_dir, f"dumped-r{r}")) or ranks.procs[r].poll() is not None for r in alive):
+            break
+        time.sleep(0.05)
+    return {"alive": alive, "pids": pids, "pyspy": sorted(r for r, pid in pids.items() if pid in spied)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the verdict
+
+
+def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The failure text, or None when the test passed; skips when every rank skipped."""
+    from hangdoc.ranges import describe_ranks
+
+    n = spec.world_size
+    results = {r: _child.read_result(run_dir, r) for r in range(n)}
+    records = _read_records(run_dir)
+    divergence_text = _divergence_text(records, n, spec.backend)
+    sections: List[str] = []
+    problems: List[str] = []
+
+    failed: Dict[int, str] = {}
+    skipped: Dict[int, str] = {}
+    for r in range(n):
+        if hang is not None and r in hang["alive"]:
+            continue
+        res = results[r]
+        rc = ranks.procs[r].returncode
+        if res is None:
+            failed[r] = _crash_text(r, rc, ranks.output(r))
+            continue
+        texts = [f"{e['when']}: {e['longrepr']}" if e["when"] != "call" else e["longrepr"]
+                 for e in res["reports"] if e["outcome"] == "failed"]
+        texts += [f"collection failed:\n{t}" for t in res.get("collect_errors", ())]
+        if not res["reports"] and not texts:
+            texts.append(f"the test did not run in the rank process (pytest exit status {res['exitstatus']}); output:\n"
+                         + ranks.output(r))
+        if texts:
+            failed[r] = "\n".join(texts)
+            continue
+        skips = [e["longrepr"] for e in res["reports"] if e["outcome"] == "skipped"]
+        if skips:
+            skipped[r] = skips[0]
+
+    if hang is not None:
+        hung = hang["alive"]
+        done = [r for r in range(n) if r not in hung]
+        head = (f"hang: {describe_ranks(hung)} did not finish within {spec.timeout:g} s "
+                f"(world size {n}, {spec.backend} backend)")
+        if not hang.get("started"):
+            head += "; not every rank reached the test"
+        if done:
+            ok = [r for r in done if r not in failed]
+            bits = []
+            if ok:
+                bits.append(f"{describe_ranks(ok)} finished")
+            if [r for r in done if r in failed]:
+                bits.append(f"{describe_ranks([r for r in done if r in failed])} failed")
+            head += "; " + ", ".join(bits)
+        problems.append(head)
+    if failed:
+        crashed = [r for r in failed if results[r] is None]
+        if crashed:
+            problems.append(f"{describe_ranks(crashed)} crashed")
+        raised = [r for r in failed if results[r] is not None]
+        if raised:
+            problems.append(f"{describe_ranks(raised)} failed")
+    if divergence_text:
+        problems.insert(0, "collective order diverged")
+
+    if not problems:
+        if skipped and len(skipped) == n:
+            pytest.skip(next(iter(skipped.values())))
+        return None
+
+    title = "; ".join(problems)
+    if divergence_text:
+        sections.append(divergence_text)
+    if hang is not None:
+        sections.append(_hang_text(run_dir, hang, ranks))
+    for r in sorted(failed):
+        sections.append(f"---- rank {r} ----\n{failed[r].rstrip()}")
+    _print_outputs(ranks, n)
+    return title + "\n\n" + "\n\n".join(s.rstrip() for s in sections if s)
+
+
+def _crash_text(rank: int, rc: Optional[int], output: str) -> str:
+    if rc is not None and rc < 0:
+        try:
+            how = f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            how = f"killed by signal {-rc}"
+    else:
+        how = f"exited with status {rc}"
+    return f"rank {rank} {how} before reporting a result; its last output:\n{output.rstrip() or '(none)'}"
+
+
+def _print_outputs(ranks, n: int) -> None:
+    """Each rank's output, into the parent's captured stdout (shown with the failure, or live with -s)."""
+    for r in range(n):
+        out = ranks.output(r, limit=3000).rstrip()
+        if out:
+            sys.stdout.write(f"---- rank {r} output ----\n{out}\n")
+
+
+def _read_records(run_dir: str) -> List[Any]:
+    from hangdoc.model import CollectiveRecord, Source
+
+    paths = sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl")))
+    records: List[Any] = []
+    try:
+        from hangdoc.readers import records as reader
+    except ImportError:
+        reader = None  # type: ignore[assignment]
+    for path in paths:
+        if reader is not None:
+            records.extend(reader.read(path, Source(path)))
+            continue
+        import json
+
+        with open(path) as f:
+            for line in f:
+                d = json.loads(line)
+                if "op" in d:
+                    records.append(CollectiveRecord.from_json(d))
+    return records
+
+
+def _divergence_text(records: Sequence[Any], world_size: int, backend: str) -> str:
+    if not records:
+        return ""
+    from hangdoc.testing.order import CollectiveTrace, find_divergences, verdict_message
+
+    found = find_divergences(records)
+    if not found:
+        return ""
+    by_rank: Dict[int, List[Any]] = {}
+    for rec in records:
+        by_rank.setdefault(rec.rank, []).append(rec)
+    return verdict_message(CollectiveTrace(by_rank, world_size), found, backend)
+
+
+def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
+    """The aggregator's verdict on the hung ranks' stacks and every rank's records."""
+    paths = sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl")))
+    raw: List[str] = []
+    for r in hang["alive"]:
+        pid = hang["pids"][r]
+        spy = glob.glob(os.path.join(run_dir, f"stacks-*-r{r}-{pid}.txt"))
+        fh = glob.glob(os.path.join(run_dir, f"faulthandler-*-r{r}-{pid}.txt"))
+        chosen = spy or fh
+        paths += chosen
+        for p in chosen:
+            try:
+                with open(p) as f:
+                    raw.append(f"---- rank {r} stacks ({'py-spy' if spy else 'faulthandler'}) ----\n" + f.read())
+            except OSError:
+                pass
+    try:
+        from hangdoc.analysis import analyse
+        from hangdoc.readers import read_paths
+        from hangdoc.renderers import render
+
+        report = analyse(read_paths(paths))
+        return "hangdoc verdict:\n" + render(report, "text").rstrip()
+    except Exception as e:  # the aggregator is optional here: fall back to the raw stacks
+        why = f"(hangdoc aggregate unavailable: {type(e).__name__}: {e})"
+        return why + "\n" + "\n".join(raw)

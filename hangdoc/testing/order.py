@@ -1,0 +1,216 @@
+"""Collective-order checks that run every rank in this process, one after another.
+
+With torch's ``fake`` process group a collective completes at once without talking to anyone, so
+the ranks of a job can run sequentially in one process: each rank initialises the group, runs the
+function under the collective recorder, and tears the group down. Comparing what the ranks issued
+then finds order bugs at world size 64 in milliseconds, cheap enough for ``hypothesis``.
+
+What a fake group cannot do: move data. A received tensor keeps whatever it held, so code whose
+control flow depends on *received* values (a broadcast batch size, say) sees the local value; and
+object collectives (``broadcast_object_list`` & co) may fail. Run those on ``gloo`` through
+``@pytest.mark.world_size(n)``.
+
+    >>> import torch, torch.distributed as dist
+    >>> def step(rank, world_size):
+    ...     dist.all_reduce(torch.ones(4))
+    ...     if rank != 1:   # the bug: rank 1 skips the broadcast
+    ...         dist.broadcast(torch.ones(8), src=0)
+    >>> check_collective_order(step, world_size=4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hangdoc.testing.order.CollectiveOrderError: collective order diverged...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hangdoc.model import CollectiveRecord
+
+
+class CollectiveOrderError(AssertionError):
+    """Ranks issued different collectives: the message is the side-by-side diff.
+
+    ``trace`` holds every rank's records, ``divergences`` the analysis's findings.
+    """
+
+    def __init__(self, message: str, trace: "CollectiveTrace", divergences: Sequence[Any]):
+        super().__init__(message)
+        self.trace = trace
+        self.divergences = list(divergences)
+
+
+class CollectiveTrace:
+    """What each rank of one run issued, as :class:`~hangdoc.model.CollectiveRecord` lists.
+
+        >>> from hangdoc.model import CollectiveRecord as R
+        >>> t = CollectiveTrace({0: [R(0, 0, "all_reduce")], 1: [R(1, 0, "all_reduce")]}, 2)
+        >>> t.ops(1)
+        ['all_reduce']
+    """
+
+    def __init__(self, by_rank: Mapping[int, Sequence[CollectiveRecord]], world_size: int,
+                 errors: Optional[Mapping[int, BaseException]] = None):
+        self.by_rank: Dict[int, List[CollectiveRecord]] = {r: list(v) for r, v in by_rank.items()}
+        self.world_size = world_size
+        #: rank -> the exception that rank's function raised (fake backend runs only).
+        self.errors: Dict[int, BaseException] = dict(errors or {})
+
+    def records(self, rank: Optional[int] = None, group: Optional[str] = None) -> List[CollectiveRecord]:
+        """All records (rank order), or one rank's; optionally only one process group's."""
+        ranks = sorted(self.by_rank) if rank is None else [rank]
+        return [r for k in ranks for r in self.by_rank.get(k, []) if group is None or r.group == group]
+
+    def ops(self, rank: int, group: Optional[str] = None) -> List[str]:
+        """The op names ``rank`` issued, in order."""
+        return [r.op for r in self.records(rank, group)]
+
+    def calls(self, rank: int, group: Optional[str] = None) -> List[str]:
+        """``describe()`` of each call of ``rank``: ``['all_reduce([4] float32)', ...]``."""
+        return [r.describe() for r in self.records(rank, group)]
+
+    def divergences(self) -> List[Any]:
+        """The analysis's divergences between the ranks (empty when they agree)."""
+        return find_divergences(self.records())
+
+
+class RankTrace:
+    """The ``collective_trace`` fixture: this rank's calls so far, read from the live recorder.
+
+    ``collective_trace.ops()`` -> ``['all_reduce', 'broadcast']``; ``records()`` and ``calls()``
+    as in :class:`CollectiveTrace`, for the rank running the test.
+    """
+
+    def _live(self) -> List[CollectiveRecord]:
+        from hangdoc.runtime import recorder
+
+        rec = recorder.get()
+        return rec.records() if rec is not None else []
+
+    def records(self, group: Optional[str] = None) -> List[CollectiveRecord]:
+        return [r for r in self._live() if group is None or r.group == group]
+
+    def ops(self, group: Optional[str] = None) -> List[str]:
+        return [r.op for r in self.records(group)]
+
+    def calls(self, group: Optional[str] = None) -> List[str]:
+        return [r.describe() for r in self.records(group)]
+
+
+def find_divergences(records: Sequence[CollectiveRecord]) -> List[Any]:
+    """``hangdoc.analysis.sequence.divergences`` over the calls each rank really took part in."""
+    from hangdoc.analysis.sequence import divergences
+    from hangdoc.testing.diff import member_records
+
+    return list(divergences(member_records(records)))
+
+
+def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[int, List[CollectiveRecord]], Dict[int, BaseException]]:
+    """Run ``call(rank)`` for each rank in turn on a fake process group, recording collectives.
+
+    An exception on one rank does not stop the others (their records may show why it failed).
+    """
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from hangdoc.runtime import recorder
+
+    if dist.is_initialized():
+        raise RuntimeError("a torch.distributed process group is already initialised in this process; "
+                           "the fake backend runs ranks in-process and needs it uninitialised")
+    if recorder.get() is not None:
+        raise RuntimeError("the hangdoc recorder is already enabled in this process; "
+                           "disable it before running ranks in-process")
+    records: Dict[int, List[CollectiveRecord]] = {}
+    errors: Dict[int, BaseException] = {}
+    for rank in range(world_size):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+        rec = None
+        try:
+            rec = recorder.enable()
+            call(rank)
+        except Exception as e:
+            errors[rank] = e
+        finally:
+            got = rec.records() if rec is not None else []
+            # The recorder names the rank it was in when asked; pin it to the rank that ran.
+            records[rank] = [r if r.rank == rank else dataclasses.replace(r, rank=rank) for r in got]
+            recorder.disable()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    return records, errors
+
+
+def _call_with_rank(fn: Callable, rank: int, world_size: int, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    extra: Dict[str, Any] = {}
+    if "rank" in params:
+        extra["rank"] = rank
+    if "world_size" in params:
+        extra["world_size"] = world_size
+    return fn(*args, **{**kwargs, **extra})
+
+
+def verdict_message(trace: CollectiveTrace, divergences: Sequence[Any], backend: str) -> str:
+    from hangdoc.testing.diff import format_divergences
+
+    text = format_divergences(trace.records(), divergences, trace.world_size)
+    head = f"(world size {trace.world_size}, {backend} backend)"
+    lines = text.split("\n", 1)
+    text = lines[0] + " " + head + ("\n" + lines[1] if len(lines) > 1 else "")
+    if trace.errors:
+        text += "\n\nranks that raised:\n" + "\n".join(
+            f"  rank {r}: {type(e).__name__}: {e}" for r, e in sorted(trace.errors.items()))
+    return text
+
+
+def check_collective_order(
+    fn: Callable,
+    world_size: int,
+    backend: str = "fake",
+    args: Sequence[Any] = (),
+    kwargs: Optional[Mapping[str, Any]] = None,
+) -> CollectiveTrace:
+    """Run ``fn`` as each of ``world_size`` ranks and check that they issue the same collectives.
+
+    ``fn`` is called as ``fn(*args, **kwargs)`` with ``rank=`` and ``world_size=`` added when its
+    signature has such parameters, inside an initialised process group. Returns the
+    :class:`CollectiveTrace` when every rank issued the same collectives in the same order with
+    matching signatures (op, shapes, dtypes, root) per process group; otherwise raises
+    :class:`CollectiveOrderError` (an ``AssertionError``, so it works inside
+    ``@hypothesis.given``) with a side-by-side diff. When the ranks agree but one raised, that
+    exception propagates.
+
+        >>> import torch, torch.distributed as dist
+        >>> def step(rank, batch):
+        ...     dist.all_reduce(torch.tensor([len(batch)]))
+        >>> check_collective_order(step, 4, args=([1, 2],)).ops(3)
+        ['all_reduce']
+    """
+    if backend != "fake":
+        raise ValueError(f"check_collective_order runs ranks in-process and supports backend='fake' only, "
+                         f"not {backend!r}; use @pytest.mark.world_size(n, backend={backend!r}) for real processes")
+    if world_size < 1:
+        raise ValueError("world_size must be at least 1")
+    kw = dict(kwargs or {})
+    records, errors = run_in_process(lambda r: _call_with_rank(fn, r, world_size, args, kw), world_size)
+    trace = CollectiveTrace(records, world_size, errors)
+    found = trace.divergences()
+    if found:
+        raise CollectiveOrderError(verdict_message(trace, found, backend), trace, found)
+    if errors:
+        rank, err = min(errors.items())
+        _note(err, f"raised on rank {rank} of {world_size} (fake backend, ranks run one after another in one process)")
+        raise err
+    return trace
+
+
+def _note(err: BaseException, text: str) -> None:
+    add = getattr(err, "add_note", None)  # Python 3.11+
+    if add is not None:
+        add(text)
