@@ -1,0 +1,131 @@
+"""``hangdoc dump`` on real processes: py-spy, the watchdog-signal fallback, unresponsive and stopped ones."""
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hangdoc.tags import parse_tag
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TARGET = textwrap.dedent(
+    """
+    import sys, threading, time
+    sys.path.insert(0, {root!r})
+    if {wrapped!r}:
+        from hangdoc.runtime import watchdog
+        watchdog.start(600, out_dir={out!r}, record=False, report=False)
+
+    def waiting_for_godot():
+        threading.Event().wait()
+
+    print("ready", flush=True)
+    waiting_for_godot()
+    """
+)
+
+
+@pytest.fixture
+def target(tmp_path):
+    started = []
+
+    def start(wrapped=False, env=None):
+        code = TARGET.format(root=ROOT, wrapped=wrapped, out=str(tmp_path / "out"))
+        full_env = dict(os.environ, **(env or {}))
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, env=full_env)
+        started.append(p)
+        assert p.stdout.readline().strip() == b"ready"
+        return p
+
+    yield start
+    for p in started:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        p.wait(timeout=10)
+
+
+def _dump(*args, timeout=60):
+    p = subprocess.run([sys.executable, "-m", "hangdoc", "dump", *args], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=timeout, cwd=ROOT)
+    return p
+
+
+def _blocks(text):
+    """(tag fields, body) per process block."""
+    out = []
+    for line in text.splitlines():
+        fields = parse_tag(line)
+        if fields is not None:
+            out.append([fields, []])
+        elif out:
+            out[-1][1].append(line)
+    return [(f, "\n".join(b)) for f, b in out]
+
+
+needs_pyspy = pytest.mark.skipif(shutil.which("py-spy") is None, reason="py-spy not installed")
+
+
+@needs_pyspy
+def test_pyspy_dump_tags_rank_from_the_process_environment(target):
+    p = target(env={"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"})
+    r = _dump("--pid", str(p.pid), "-o", "-")
+    assert r.returncode == 0, r.stderr
+    (fields, body), = _blocks(r.stdout)
+    assert fields["pid"] == str(p.pid) and fields["rank"] == "5" and fields["local_rank"] == "1"
+    assert fields["world_size"] == "8" and fields["ppid"] == str(os.getpid())
+    assert "status" not in fields
+    assert "waiting_for_godot" in body and "Thread" in body
+
+
+def test_signal_fallback_reads_faulthandler_of_a_wrapped_process(target):
+    p = target(wrapped=True)
+    r = _dump("--pid", str(p.pid), "--py-spy", "/bin/false", "--no-gdb", "-o", "-")
+    assert r.returncode == 0, r.stderr
+    (fields, body), = _blocks(r.stdout)
+    assert fields["dumper"] == "signal"
+    assert "waiting_for_godot" in body and "most recent call first" in body
+    assert p.poll() is None  # the signal did not kill it
+
+
+def test_unresponsive_process_is_recorded_with_the_reason(target, tmp_path):
+    p = target()
+    hung_pyspy = tmp_path / "py-spy"
+    hung_pyspy.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung_pyspy.chmod(hung_pyspy.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "trace.out"
+    t0 = time.monotonic()
+    r = _dump("--pid", str(p.pid), "--py-spy", str(hung_pyspy), "--no-gdb", "--timeout", "1", "-o", str(out))
+    assert time.monotonic() - t0 < 15
+    assert r.returncode == 1
+    assert "1 unresponsive" in r.stderr
+    (fields, body), = _blocks(out.read_text())
+    assert fields["status"] == "unresponsive"
+    assert fields["reason"] == "py-spy_timed_out_after_1s"
+    assert body.strip() == ""
+
+
+@needs_pyspy
+def test_stopped_process_is_marked_and_still_dumped(target):
+    p = target()
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        r = _dump("--pid", str(p.pid), "--timeout", "5", "-o", "-")
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    (fields, body), = _blocks(r.stdout)
+    assert fields["status"] == "stopped" and fields["reason"].startswith("state_")
+    assert "waiting_for_godot" in body
+
+
+def test_no_process_is_exit_2():
+    r = _dump("--pid", "999999999")
+    assert r.returncode == 2 and "no process" in r.stderr

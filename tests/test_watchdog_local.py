@@ -1,0 +1,141 @@
+"""The watchdog in one real process (no torch): stall dumps, re-dumps, signal dumps, chaining."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    sys.path.insert(0, {root!r})
+    handled = []
+    if {chain!r}:
+        signal.signal(signal.SIGUSR1, lambda *a: handled.append(1))
+    import hangdoc
+    from hangdoc.runtime import watchdog
+    watchdog.start({timeout!r}, out_dir={out!r}, record=False, report=False)
+    print("signal env", os.environ.get("HANGDOC_WATCHDOG_SIGNAL"), flush=True)
+    for _ in range(5):
+        hangdoc.step()
+        time.sleep(0.05)
+
+    def stuck_in_the_middle():
+        # a C call that releases the GIL, like a collective's wait
+        deadline = time.time() + {block!r}
+        while time.time() < deadline:
+            time.sleep(0.05)
+            if handled:
+                print("user handler ran", flush=True)
+                handled.clear()
+
+    print("blocking", flush=True)
+    stuck_in_the_middle()
+    watchdog.stop()
+    print("done", flush=True)
+    """
+)
+
+
+def _start(tmp_path, timeout=0.5, block=6.0, chain=False):
+    out = str(tmp_path / "out")
+    code = SCRIPT.format(root=ROOT, out=out, timeout=timeout, block=block, chain=chain)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, text=True)
+    return p, out
+
+
+def _kill(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    p.wait(timeout=10)
+
+
+def _wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+def _stacks(out):
+    try:
+        return [os.path.join(out, n) for n in os.listdir(out) if n.startswith("stacks-")]
+    except OSError:
+        return []
+
+
+def test_stall_dump_names_the_blocked_function_once_then_again(tmp_path):
+    p, out = _start(tmp_path, timeout=0.5, block=3.0)
+    try:
+        assert p.stdout.readline().strip() == "signal env SIGUSR1"
+        paths = _wait_for(lambda: _stacks(out), 10)
+        assert len(paths) == 1
+        text = open(paths[0]).read()
+        first = text.splitlines()[0]
+        assert first.startswith("# hangdoc process host=")
+        assert f"pid={p.pid}" in first and "rank=0" in first and "world_size=1" in first
+        assert "source=watchdog" in first and "step=5" in first
+        main = re.search(r"main_thread=(0x[0-9a-f]+)", first).group(1)
+        # the main thread's block names where it is stuck
+        block = text.split(f"Thread {main}", 1)[1]
+        assert "stuck_in_the_middle" in block.split("\n\n")[0]
+        out_text, err = p.communicate(timeout=20)
+        assert p.returncode == 0, err
+        dumps = [line for line in err.splitlines() if line.startswith("hangdoc watchdog:")]
+        # once when the stall starts (0.5 s), again at 4x the timeout later (2.5 s), not more
+        assert len(dumps) == 2, err
+        assert "no progress for" in dumps[0] and "still no progress" in dumps[1]
+    finally:
+        _kill(p)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_signal_dump_keeps_the_process_alive_and_chains(tmp_path, chain):
+    p, out = _start(tmp_path, timeout=30, block=1.2, chain=chain)
+    try:
+        assert p.stdout.readline().startswith("signal env")
+        assert p.stdout.readline().strip() == "blocking"
+        os.kill(p.pid, signal.SIGUSR1)
+        paths = _wait_for(lambda: _stacks(out), 5)
+        assert paths, "no signal dump"
+        text = _wait_for(lambda: open(paths[0]).read() if "stuck_in_the_middle" in open(paths[0]).read() else "", 5)
+        assert "reason=signal_SIGUSR1" in text.splitlines()[0]
+        assert "stuck_in_the_middle" in text
+        out_text, err = p.communicate(timeout=20)
+        assert p.returncode == 0, err  # SIGUSR1's default action would have killed it
+        assert ("user handler ran" in out_text) == chain
+        assert "done" in out_text
+    finally:
+        _kill(p)
+
+
+def test_dump_now_and_progress_functions_cost_nothing_without_a_watchdog(tmp_path):
+    import hangdoc.runtime.watchdog as wd
+
+    assert wd.get() is None
+    before = wd._beats
+    wd.step()
+    wd.heartbeat()
+    assert wd._beats == before + 2
+    dog = wd.start(60, out_dir=str(tmp_path), signum=None, record=False, report=False)
+    try:
+        paths = wd.dump_now("test")
+        assert paths and os.path.basename(paths[0]).startswith("stacks-")
+        assert "reason=test" in open(paths[0]).readline()
+        assert dog.stalls == 0
+    finally:
+        wd.stop()
+    assert wd.get() is None
