@@ -37,6 +37,7 @@ import threading
 from typing import Callable, Dict, List, Optional
 
 from hangdoc.runtime.identity import Identity, identity
+from hangdoc.runtime.printflock import PREFIX_PIPES_ENV, locked_write
 
 __all__ = ["prefix_output", "render_prefix", "DEFAULT_TEMPLATE", "active", "Prefixer"]
 
@@ -113,6 +114,8 @@ class _Stream:
         self.saved = os.dup(fd)
         os.set_inheritable(self.saved, False)
         self.read_end, write_end = os.pipe()
+        st = os.fstat(write_end)
+        self.pipe_id = f"{st.st_dev}:{st.st_ino}"
         self.prefixer = Prefixer(prefix)
         self.idle_flush = idle_flush
         self.restored = False
@@ -127,13 +130,17 @@ class _Stream:
                 ready, _, _ = select.select([self.read_end], [], [], self.idle_flush)
                 if not ready:
                     if self.prefixer.pending:
-                        _write_all(self.saved, self.prefixer.finish())
+                        locked_write(self.saved, self.prefixer.finish())
                     continue
                 data = os.read(self.read_end, 1 << 16)
                 if not data:
                     break
-                _write_all(self.saved, self.prefixer.feed(data))
-            _write_all(self.saved, self.prefixer.finish())
+                out = self.prefixer.feed(data)
+                if out:
+                    # Under the print lock: other ranks' prefixers write to the same console, and
+                    # a pipe keeps writes whole only up to PIPE_BUF bytes.
+                    locked_write(self.saved, out)
+            locked_write(self.saved, self.prefixer.finish())
         except BaseException:
             self._passthrough()
 
@@ -176,8 +183,16 @@ class _Session:
         self.streams: List[_Stream] = []
         self.line_buffering: Dict[int, bool] = {}
         _flush_python_streams()
-        for fd in fds:
-            self.streams.append(_Stream(fd, prefix, idle_flush))
+        try:
+            for fd in fds:
+                self.streams.append(_Stream(fd, prefix, idle_flush))
+        except OSError:
+            for s in self.streams:
+                s.restore(0.5)
+            raise
+        self.saved_env = os.environ.get(PREFIX_PIPES_ENV)
+        pipes = [p for p in (self.saved_env or "").split(",") if p] + [s.pipe_id for s in self.streams]
+        os.environ[PREFIX_PIPES_ENV] = ",".join(pipes)
         # Line-buffer Python's own streams so the last lines before a freeze reach the reader.
         for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
             if fd in fds and stream is not None and hasattr(stream, "reconfigure"):
@@ -189,6 +204,10 @@ class _Session:
 
     def restore(self, timeout: float = 2.0) -> None:
         _flush_python_streams()
+        if self.saved_env is None:
+            os.environ.pop(PREFIX_PIPES_ENV, None)
+        else:
+            os.environ[PREFIX_PIPES_ENV] = self.saved_env
         for s in self.streams:
             try:
                 s.restore(timeout)

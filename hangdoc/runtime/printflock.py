@@ -17,25 +17,31 @@ unavailable (ENOSYS, EINVAL, ENOLCK, EOPNOTSUPP) it prints without the lock, aft
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
+import stat
 import sys
 import tempfile
 import threading
 import warnings
-from typing import Any, Optional, TextIO
+from typing import Any, Iterator, Optional, TextIO
 
 try:
     import fcntl
 except ImportError:  # Windows: no flock; degrade to a plain print.
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["printflock", "lock_path"]
+__all__ = ["printflock", "lock_path", "locked", "locked_write"]
 
 _UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOLCK, getattr(errno, "EOPNOTSUPP", -1)}
 
 _state_lock = threading.Lock()  # flock is per open file description, so threads need their own lock
+_thread_lock = threading.Lock()
+#: environment variable naming the pipes that hangdoc.prefix_output drains ("dev:ino,..."), inherited
+#: by child processes
+PREFIX_PIPES_ENV = "HANGDOC_PREFIX_PIPES"
 _lock_fd: Optional[int] = None
 _lock_pid: Optional[int] = None
 _disabled = fcntl is None
@@ -86,6 +92,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _is_prefix_pipe(fd: int) -> bool:
+    # Writing into a prefixer's pipe must not hold the flock: its reader needs the flock to drain
+    # the pipe, and a full pipe would deadlock them. The reader writes whole lines under the lock.
+    pipes = os.environ.get(PREFIX_PIPES_ENV)
+    if not pipes:
+        return False
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return stat.S_ISFIFO(st.st_mode) and f"{st.st_dev}:{st.st_ino}" in pipes.split(",")
+
+
 def _target_fd(stream: Any) -> Optional[int]:
     try:
         return stream.fileno()
@@ -109,31 +128,48 @@ def printflock(*args: Any, sep: Optional[str] = " ", end: Optional[str] = "\n", 
         return
     message = (" " if sep is None else sep).join(map(str, args)) + ("\n" if end is None else end)
     fd = _target_fd(stream)
+    with (_thread_lock if fd is not None and _is_prefix_pipe(fd) else locked()):
+        if fd is not None:
+            # Text still buffered in the stream must come out before our bytes.
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+            encoding = getattr(stream, "encoding", None) or "utf-8"
+            errors = getattr(stream, "errors", None) or "strict"
+            _write_all(fd, message.encode(encoding, errors))
+        else:
+            stream.write(message)
+            stream.flush()
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """Hold the node-wide print lock (and this process's thread lock) for a block of writes.
+
+    The lock is held only for the writes themselves, so a rank blocks here only while another
+    rank's write is in progress; a process that dies holding it releases it (the kernel closes
+    its descriptors).
+    """
     with _state_lock:
         lock_fd = None if _disabled else _get_lock_fd()
-        locked = False
+        is_locked = False
         if lock_fd is not None:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                locked = True
+                is_locked = True
             except OSError as e:
-                if e.errno in _UNSUPPORTED:
-                    _disable(f"flock unavailable ({errno.errorcode.get(e.errno, e.errno)})")
-                else:
+                if e.errno not in _UNSUPPORTED:
                     raise
+                _disable(f"flock unavailable ({errno.errorcode.get(e.errno, e.errno)})")
         try:
-            if fd is not None:
-                # Text still buffered in the stream must come out before our bytes.
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-                encoding = getattr(stream, "encoding", None) or "utf-8"
-                errors = getattr(stream, "errors", None) or "strict"
-                _write_all(fd, message.encode(encoding, errors))
-            else:
-                stream.write(message)
-                stream.flush()
+            yield
         finally:
-            if locked:
+            if is_locked:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+
+def locked_write(fd: int, data: bytes) -> None:
+    """Write ``data`` to ``fd`` whole, under the print lock (used by the output prefixer)."""
+    with locked():
+        _write_all(fd, data)
