@@ -48,7 +48,7 @@ def to_json(report: Report) -> Dict[str, Any]:
                 "formats": list(s.formats),
                 "errors": [str(e) for e in s.errors],
             }
-            for s in job.sources
+            for s in sorted(job.sources, key=lambda s: s.path)  # input order must not show
         ],
         "groups": [_group(g, i) for i, g in enumerate(report.groups, 1)],
         "tree": _tree(report.tree, ids),

@@ -332,7 +332,7 @@ class TextReport:
         return out
 
     def sources(self) -> List[str]:
-        srcs = self.r.job.sources
+        srcs = sorted(self.r.job.sources, key=lambda s: s.path)  # input order must not show
         if not srcs:
             return []
         errors = [e for s in srcs for e in s.errors]
