@@ -106,7 +106,7 @@ class Wait:
                 return ()
             return (f.function, f.file, f.line if with_line else None)
 
-        return (self.category, self.op, fk(self.frame), fk(self.call_site))
+        return (self.category, self.op, fk(self.frame), fk(self.call_site), self.peer, self.root, self.detail)
 
     def describe(self) -> str:
         """``broadcast at _bcast_pipe_scalar (deepspeed/runtime/pipe/engine.py:542)``."""
@@ -119,12 +119,17 @@ class Wait:
             what = f"DataLoader worker {self.detail or 'busy'}"
         if self.category == "dataloader-wait":
             what = "DataLoader wait"
+        if self.category == "host-sync":
+            what = _HOST_SYNC_NAMES.get(self.op, self.op) + " (host sync)"
         if self.category == "compute":
             what = "compute"
         where = self.call_site or self.frame
         if where is None:
             return what
         return f"{what} at {where.label()}"
+
+
+_HOST_SYNC_NAMES = {"item": ".item()", "synchronize": "CUDA synchronize", "wait": "Work.wait"}
 
 
 # --- the table -----------------------------------------------------------------------------------
@@ -284,12 +289,13 @@ def classify(frame: Frame) -> Optional[Signature]:
     return _classify(frame.function, frame.file or "", _native(frame))
 
 
-_NATIVE_FILE = re.compile(r"\.(so(\.[\d.]+)?|dylib|dll|pyd)$|^\[|^0x")
+_NATIVE_FILE = re.compile(r"\.(so(\.[\d.]+)?|dylib|dll|pyd|c|cc|cpp|cxx|h|hpp|cu|cuh|c\.h)$|^\[|^0x")
 
 
 def _native(frame: Frame) -> bool:
-    # A reader that did not flag a native frame still names its shared object (py-spy: "libc.so.6").
-    return frame.native or bool(frame.file and _NATIVE_FILE.search(frame.file))
+    # A reader that did not flag a native frame still names its shared object or C source
+    # (py-spy --native: "poll (libc.so.6)", "select_poll_poll_impl (selectmodule.c:655)").
+    return frame.native or frame.function.startswith("0x") or bool(frame.file and _NATIVE_FILE.search(frame.file))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -494,6 +500,34 @@ def _peer(chain: Sequence[Frame], op: str) -> Tuple[Optional[int], Optional[int]
     if grp is not None:
         return grp, grp, True
     return None, None, False
+
+
+_LAUNCHER_FILE = re.compile(r"torch/distributed/elastic/agent/|(^|/)torch/distributed/(run|launch)\.py$|deepspeed/launcher/|accelerate/commands/launch\.py$")
+_SPAWN_FILE = re.compile(r"torch/multiprocessing/spawn\.py$")
+
+
+def is_launcher_stack(frames: Sequence[Frame]) -> bool:
+    """True for torchrun's elastic agent, ``torch.distributed.launch``, DeepSpeed's and accelerate's
+    launchers, and the parent of ``torch.multiprocessing.spawn``: processes that wait for ranks,
+    not ranks.
+
+    >>> is_launcher_stack((Frame("main", "torch/distributed/run.py", 9), Frame("_invoke_run", "torch/distributed/elastic/agent/server/api.py", 908)))
+    True
+    """
+    spawn_parent = False
+    for f in frames:
+        if f.native or not f.file:
+            continue
+        path = f.file.replace("\\", "/")
+        if _LAUNCHER_FILE.search(path):
+            return True
+        if _SPAWN_FILE.search(path):
+            name = _fn_name(f.function, False)
+            if name == "_wrap":
+                return False  # a child of mp.spawn: a rank
+            if name in ("join", "start_processes", "spawn"):
+                spawn_parent = True
+    return spawn_parent
 
 
 def wait_of(process) -> Wait:

@@ -42,6 +42,7 @@ from hangdoc.analysis.signatures import (
     PLAIN_WAITS,
     Wait,
     in_loop,
+    is_launcher_stack,
     wait_of,
 )
 from hangdoc.model import (
@@ -115,6 +116,13 @@ def _culprits(procs: Iterable[Process]) -> List[Culprit]:
     return seen
 
 
+def _is_launcher(p: Process) -> bool:
+    if p.role == ROLE_LAUNCHER:
+        return True
+    t = p.main_thread
+    return p.role == "unknown" and t is not None and is_launcher_stack(t.frames)
+
+
 def _is_worker(p: Process, w: Optional[Wait]) -> bool:
     return p.role == ROLE_WORKER or (w is not None and w.category == "dataloader-worker")
 
@@ -126,7 +134,7 @@ class _Analysis:
     def __init__(self, report: Report) -> None:
         self.report = report
         self.out: List[Finding] = []
-        procs = [p for p in report.job.processes if p.role != ROLE_LAUNCHER]
+        procs = [p for p in report.job.processes if not _is_launcher(p)]
         self.wait: Dict[int, Wait] = {}
         for p in procs:
             self.wait[id(p)] = wait_of(p) if p.status == STATUS_OK else Wait("unknown")
@@ -344,7 +352,8 @@ class _Analysis:
             conf = 0.5
         else:
             summary = f"{who(procs)} wait in send/recv with unknown peers"
-            evidence.append("every waiting stage is at its own call site (or all share one), so stacks cannot single out a rank")
+            evidence.append("all of them are at one call site" if len(groups) == 1 else
+                            "each of them is on a code path of its own, so no call site stands out")
             conf = 0.4
         self.out.append(Finding("p2p-stall", summary, _culprits(odd), evidence,
                                 [_LOCALS_ADVICE + " With peers known, hangdoc shows the wait-for cycle.", _RECORDS_ADVICE], conf))
@@ -384,7 +393,11 @@ class _Analysis:
                 "collective-wait",
                 f"every rank waits in {w.describe()}: the hang is below Python",
                 [],
-                [f"{who(ps)}: {w.describe()}"] + loop_notes,
+                [f"{who(ps)}: {w.describe()}"] + loop_notes + ([
+                    "With NCCL, collectives run asynchronously: ranks block at the first host sync after them "
+                    f"({w.op}), so the stacks show where the ranks noticed the hang, not which collective hangs; "
+                    "the Flight Recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`) or the collective records show the "
+                    "collective each rank is in."] if w.category == "host-sync" else []),
                 ["Turn on `NCCL_DEBUG=INFO` (and `NCCL_DEBUG_SUBSYS=COLL,P2P`) to see which rank the collective waits for.",
                  "Run the all-ranks connectivity test in `examples/` on the same nodes to find a bad link or node.",
                  "Isolate GPUs: rerun on subsets of nodes; a slow or dead GPU holds everyone.",
