@@ -1,0 +1,46 @@
+"""Shared test set-up: the repo root is importable (also as ``tests.procs``), and a ``procs``
+fixture that kills every process group a test started, even when the test fails.
+
+    def test_job(procs, tmp_path):
+        p = procs.spawn([sys.executable, "-c", "import time; time.sleep(60)"])
+        ...                      # p is killed (whole group) when the test ends
+
+For one-shot runs with a hard timeout use ``tests.procs.run`` / ``torchrun_cmd`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests import procs as _procs  # noqa: E402
+
+
+class _Procs:
+    def __init__(self) -> None:
+        self.started = []
+
+    def spawn(self, cmd, **kw):
+        p = _procs.spawn(cmd, **kw)
+        self.started.append(p)
+        return p
+
+    def run(self, cmd, timeout=60, **kw):
+        return _procs.run(cmd, timeout=timeout, **kw)
+
+
+@pytest.fixture
+def procs():
+    """Start processes with ``procs.spawn(cmd)``; their process groups are killed at teardown."""
+    tracker = _Procs()
+    try:
+        yield tracker
+    finally:
+        for p in tracker.started:
+            _procs.kill_group(p)
