@@ -116,16 +116,19 @@ class _StackKeyer:
 
     def __init__(self, with_line: bool) -> None:
         self.with_line = with_line
-        self._by_id: Dict[int, Hashable] = {}
+        self._by_id: Dict[int, int] = {}
+        self._by_key: Dict[Hashable, int] = {}
         self._keep: List[Any] = []
 
-    def key(self, frames: Sequence[Frame]) -> Hashable:
+    def key(self, frames: Sequence[Frame]) -> int:
+        """A small int naming the stack's equivalence class (hashing an int, not ~30 frames, per process)."""
         k = self._by_id.get(id(frames))
         if k is None:
             if self.with_line:
-                k = tuple(frames)
+                full: Hashable = tuple(frames)
             else:
-                k = tuple((f.function, f.file, f.native) for f in frames)
+                full = tuple((f.function, f.file, f.native) for f in frames)
+            k = self._by_key.setdefault(full, len(self._by_key))
             self._by_id[id(frames)] = k
             self._keep.append(frames)  # keeps the id valid even if the caller dropped the object
         return k

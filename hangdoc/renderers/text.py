@@ -44,6 +44,18 @@ class Sets:
 
     def __init__(self) -> None:
         self._cache: Dict[Tuple[int, ...], Tuple[str, str, int, int]] = {}
+        self._raw: Dict[int, Tuple[List[int], set, int]] = {}
+
+    def _members(self, g: Group) -> Tuple[List[int], set, int]:
+        raw = self._raw.get(id(g))
+        if raw is None:
+            members = g.members
+            ranks = [r for r in [p.rank for p in members] if r is not None]
+            hosts = {p.host for p in members}
+            hosts.discard(None)
+            hosts.discard("")
+            raw = self._raw[id(g)] = (ranks, hosts, len(members) - len(ranks))
+        return raw
 
     def of(self, groups: Sequence[Group]) -> Tuple[str, str, int, int]:
         """(compressed ranks, compressed hosts, processes without rank, number of processes)."""
@@ -51,18 +63,14 @@ class Sets:
         hit = self._cache.get(key)
         if hit is None:
             ranks: List[int] = []
-            hosts = set()
-            unranked = 0
-            n = 0
+            hosts: set = set()
+            unranked = n = 0
             for g in groups:
-                for p in g.members:
-                    n += 1
-                    if p.rank is None:
-                        unranked += 1
-                    else:
-                        ranks.append(p.rank)
-                    if p.host:
-                        hosts.add(p.host)
+                r, h, u = self._members(g)
+                ranks.extend(r)
+                hosts |= h
+                unranked += u
+                n += g.count
             hit = self._cache[key] = (compress_ranks(ranks), compress_hosts(hosts), unranked, n)
         return hit
 
