@@ -209,8 +209,8 @@ SIGNATURES: List[_Row] = [
     ("host-sync", "wait", r"(c10d::)?Work::wait\b.*|c10::ivalue::Future::wait\b.*", None, True, False),
     ("dataloader-worker", "worker", r"_worker_loop", None, True, False),
     ("lock", "lock", r"PyThread_acquire_lock\w*|acquire_timed|lock_PyThread_acquire_lock|pthread_mutex_\w*lock|pthread_cond_\w*wait|__pthread_cond_wait\w*|sem_\w*wait|__new_sem_wait\w*|do_futex_wait\w*|__futex_abstimed_wait\w*|futex_wait\w*|std::condition_variable::wait\w*|std::mutex::lock|take_gil|drop_gil|_PyMutex_LockTimed|PyMUTEX_LOCK|PyCOND_\w*WAIT", None, True, False),
-    ("sleep", "sleep", r"sleep|pysleep|time_sleep|__?clock_nanosleep\w*|nanosleep|__nanosleep\w*|usleep|std::this_thread::sleep_for\b.*", None, True, False),
-    ("io", "io", r"__?(libc_)?(select|poll|epoll_wait|epoll_pwait|recv|recvfrom|recvmsg|read|accept4?|connect|ppoll|pselect6?)\w*|select|poll|epoll_wait|recv|read|accept", None, True, False),
+    ("sleep", "sleep", r"sleep|pysleep|time_sleep|_{0,2}clock_nanosleep\w*|_{0,2}nanosleep\w*|usleep|std::this_thread::sleep_for\b.*", None, True, False),
+    ("io", "io", r"_{0,2}(libc_)?(select|poll|epoll_wait|epoll_pwait|recv|recvfrom|recvmsg|read|accept4?|connect|ppoll|pselect6?)\w*|select|poll|epoll_wait|recv|read|accept", None, True, False),
 ]
 
 
