@@ -44,9 +44,10 @@ class Sets:
 
     def __init__(self) -> None:
         self._cache: Dict[Tuple[int, ...], Tuple[str, str, int, int]] = {}
-        self._raw: Dict[int, Tuple[List[int], set, int]] = {}
+        self._raw: Dict[int, Tuple[List[int], set, int, List[int]]] = {}
+        self._parents: Dict[Tuple[int, ...], str] = {}
 
-    def _members(self, g: Group) -> Tuple[List[int], set, int]:
+    def _members(self, g: Group) -> Tuple[List[int], set, int, List[int]]:
         raw = self._raw.get(id(g))
         if raw is None:
             members = g.members
@@ -54,7 +55,9 @@ class Sets:
             hosts = {p.host for p in members}
             hosts.discard(None)
             hosts.discard("")
-            raw = self._raw[id(g)] = (ranks, hosts, len(members) - len(ranks))
+            # DataLoader workers have no rank of their own; the rank that owns them names them
+            parents = [p.parent_rank for p in members if p.rank is None and p.parent_rank is not None]
+            raw = self._raw[id(g)] = (ranks, hosts, len(members) - len(ranks), parents)
         return raw
 
     def of(self, groups: Sequence[Group]) -> Tuple[str, str, int, int]:
@@ -64,24 +67,30 @@ class Sets:
         if hit is None:
             ranks: List[int] = []
             hosts: set = set()
+            parents: List[int] = []
             unranked = n = 0
             for g in groups:
-                r, h, u = self._members(g)
+                r, h, u, pr = self._members(g)
                 ranks.extend(r)
                 hosts |= h
                 unranked += u
+                parents.extend(pr)
                 n += g.count
             hit = self._cache[key] = (compress_ranks(ranks), compress_hosts(hosts), unranked, n)
+            self._parents[key] = compress_ranks(parents)
         return hit
 
     def who(self, groups: Sequence[Group], members: Optional[Sequence[Process]] = None) -> str:
         """``ranks 0-3,5 on hosts node[1-2]``, ``rank 4 on host node1 pid 42``, ``2 processes without rank``."""
         ranks, hosts, unranked, n = self.of(groups)
+        parents = self._parents[tuple(sorted(id(g) for g in groups))]
         parts: List[str] = []
         if ranks:
             parts.append(("ranks " if ("," in ranks or "-" in ranks) else "rank ") + ranks)
         if unranked:
             parts.append(f"{unranked} without rank" if ranks else f"{unranked} {'process' if unranked == 1 else 'processes'} without rank")
+            if parents:
+                parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
         if hosts:
             parts.append(("on hosts " if ("," in hosts or "[" in hosts) else "on host ") + hosts)
         if members is not None and len(members) == 1 and members[0].pid is not None:
