@@ -100,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
     reader = threading.Thread(target=_forward, args=(proc, say, verdict), daemon=True)
     reader.start()
     deadline = started + (args.wait if args.wait is not None else args.timeout + 40)
+    exited = None
     try:
-        while not verdict.is_set() and proc.poll() is None and time.monotonic() < deadline:
+        while not verdict.is_set() and time.monotonic() < deadline:
+            exited = proc.poll()
+            if exited is not None:
+                break
             verdict.wait(0.2)
         # the reporting rank writes report.txt before it prints; a moment for the last lines
         if verdict.is_set():
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hangdoc demo: verdict {elapsed:.1f}s after the start; job stopped. Full report: {report}", file=sys.stderr)
         print(f"hangdoc demo: see also `hangdoc aggregate {out} --format html -o report.html`", file=sys.stderr)
         return 0
-    why = f"job exited with status {proc.returncode}" if proc.returncode not in (None, -signal.SIGTERM, -signal.SIGKILL) else "no verdict in time"
+    why = f"the job exited with status {exited} first" if exited is not None else f"none {time.monotonic() - started:.0f}s after the start"
     print(f"hangdoc demo: no verdict ({why}); the job's files are in {out}", file=sys.stderr)
     return 1
 

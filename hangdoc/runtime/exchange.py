@@ -27,6 +27,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -48,31 +49,68 @@ _store_cache: Dict[str, Any] = {}
 
 
 # -- the store ---------------------------------------------------------------------------------
-def _store() -> Any:
-    """A clone of the job's default store with a short timeout, or None when there is none."""
-    if "store" in _store_cache:
-        return _store_cache["store"]
-    store = None
+def _dist_initialized() -> bool:
     dist = sys.modules.get("torch.distributed")
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            import datetime
-
-            timeout = datetime.timedelta(seconds=STORE_TIMEOUT)
-            try:
-                from torch.distributed import distributed_c10d as c10d
-
-                store = c10d._get_default_store().clone()
-                store.set_timeout(timeout)
-            except Exception:
-                # older torch: no clone(); a client of its own on the launcher's store
-                host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-                if host and port:
-                    store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+        return dist is not None and dist.is_available() and dist.is_initialized()
     except Exception:
-        store = None
-    _store_cache["store"] = store
-    return store
+        return False
+
+
+def prepare() -> None:
+    """Connect to the job's store ahead of any stall (called by the watchdog while all is well).
+
+    Connecting is the one store operation that would use the job's own (long) timeout, so it is
+    done while the store is healthy, in a helper thread that may be abandoned.
+    """
+    if "store" in _store_cache or "pending" in _store_cache or not _dist_initialized():
+        return
+    done = threading.Event()
+    _store_cache["pending"] = done
+
+    def connect() -> None:
+        store = _connect()
+        _store_cache.setdefault("store", store)
+        done.set()
+
+    threading.Thread(target=connect, name="hangdoc-store", daemon=True).start()
+
+
+def _connect() -> Any:
+    """A clone of the job's default store with a short timeout, or None when there is none."""
+    if not _dist_initialized():
+        return None
+    dist = sys.modules["torch.distributed"]
+    import datetime
+
+    timeout = datetime.timedelta(seconds=STORE_TIMEOUT)
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        store = c10d._get_default_store().clone()
+        store.set_timeout(timeout)
+        return store
+    except Exception:
+        pass
+    try:
+        # older torch: no clone(); a client of its own on the launcher's store
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if host and port:
+            return dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False)
+    except Exception:
+        pass
+    return None
+
+
+def _store() -> Any:
+    """The store connection made by :func:`prepare`, or None (never blocks for long)."""
+    if "store" in _store_cache:
+        return _store_cache["store"]
+    prepare()
+    pending = _store_cache.get("pending")
+    if pending is None or not pending.wait(STORE_TIMEOUT):
+        return None
+    return _store_cache.get("store")
 
 
 def _store_failed() -> None:
@@ -320,3 +358,8 @@ def _say(message: str, ident: Any = None) -> None:
         os.write(2, data.encode("utf-8", "replace"))
     except OSError:
         pass
+
+
+def prepared() -> bool:
+    """True once :func:`prepare` has connected (or found there is no store to connect to)."""
+    return "store" in _store_cache

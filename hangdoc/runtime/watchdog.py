@@ -156,6 +156,7 @@ class Watchdog:
         self._sig_offset = 0
         self._recorder: Any = None
         self._errors = 0
+        self._store_ready = False
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> "Watchdog":
@@ -237,6 +238,11 @@ class Watchdog:
                 self._stalled = False
                 self._recovered()
         self._check_signal_file()
+        if self.report and not self._stalled and not self._store_ready:
+            from hangdoc.runtime import exchange
+
+            exchange.prepare()
+            self._store_ready = exchange.prepared()
         if not self._stalled and now - self.last_progress >= self.hang_timeout:
             self._stalled = True
             self.stalls += 1
