@@ -24,6 +24,7 @@ processes or of the input files.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.model import STATUS_OK, Frame, Group, Job, Process, Report, TreeNode
@@ -259,11 +260,12 @@ def _fallback_is_plumbing(frame: Frame) -> bool:
     return name in _PLUMBING_FUNCTIONS or frame.file.endswith(("c10d_logger.py", "elastic/multiprocessing/errors/__init__.py"))
 
 
-_LIBRARY_PREFIXES = ("torch/", "<frozen", "<string", "multiprocessing/", "concurrent/", "asyncio/", "importlib/")
-_STDLIB_FILES = {
-    "threading.py", "queue.py", "selectors.py", "socket.py", "subprocess.py", "runpy.py", "time.py",
-    "connection.py", "synchronize.py", "contextlib.py", "functools.py", "ssl.py", "weakref.py",
-}
+_LIBRARY_PREFIXES = ("torch/", "<frozen", "<string")
+# the standard library, as normalize_file leaves it (``threading.py``, ``multiprocessing/queues.py``)
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) or frozenset({
+    "threading", "queue", "selectors", "socket", "subprocess", "runpy", "multiprocessing", "concurrent",
+    "asyncio", "importlib", "contextlib", "functools", "ssl", "weakref", "logging", "pickle", "json",
+})
 
 
 def is_library(frame: Frame) -> bool:
@@ -287,7 +289,10 @@ def is_library(frame: Frame) -> bool:
         return frame.native
     if f.startswith(_LIBRARY_PREFIXES) or "site-packages/" in f or "dist-packages/" in f or "/lib/python" in f:
         return True
-    return "/" not in f and f in _STDLIB_FILES or f.startswith(("python3", "lib/python3"))
+    if f[0] in "/~.":
+        return False  # a path of the user's own tree
+    head = f.split("/", 1)[0]
+    return (head[:-3] if head.endswith(".py") else head) in _STDLIB
 
 
 def summarize(stack: Sequence[Frame], status: str = STATUS_OK, members: Sequence[Process] = ()) -> str:
