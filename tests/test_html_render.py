@@ -169,7 +169,7 @@ def test_tree_is_drawn_with_rank_ranges_and_the_culprit_path():
     assert "384 processes" in texts
     assert "ranks 0-383" in texts  # the trunk, taken by everyone
     assert "rank 243" in texts and "ranks 0,128,256" in texts
-    assert "ranks 1-127,129-242,244-2…" in texts  # clipped on the picture, whole in its tooltip
+    assert "ranks 1-127,129-242,244…" in texts  # clipped on the picture, whole in its tooltip
     assert "ranks 1-127,129-242,244-255,257-383 (380 processes)" in ["".join(t.itertext()) for t in root.iter(ns + "title")]
     culprit_boxes = [g for g in root.iter(ns + "g") if "culprit" in (g.get("class") or "").split() and "box" in g.get("class", "")]
     labels = [" ".join("".join(t.itertext()) for t in g.iter(ns + "text")) for g in culprit_boxes]

@@ -41,8 +41,8 @@ BOX_CHARS = int((BOX_W - 16) / CHAR_W)
 LINE_H = 16
 PAD = 7
 BADGE_H = 20
-GAP = 200  # between columns: room for the edge labels
-EDGE_CHARS = 26
+GAP = 240  # between columns: room for the edge labels
+EDGE_CHARS = 24
 VGAP = 16
 MARGIN = 12
 POP_MAX_LINES = 60
@@ -464,6 +464,7 @@ class _TreePicture:
         self.pops: List[str] = []
         self.max_bottom = 0.0
         self.max_right = 0.0
+        self.content_bottom = 0.0
 
     def width(self, v: ViewNode) -> float:
         return ROOT_W if v is self.view.root else BOX_W
@@ -543,6 +544,8 @@ class _TreePicture:
             rows.append(f"… {len(line.frames) - POP_MAX_LINES} more")
         width = min(POP_CHARS, max((len(r) for r in rows), default=10)) * CHAR_W * 0.96 + 20
         height = len(rows) * 15 + 14
+        # Open upwards near the bottom, so the picture does not grow for a popup.
+        y = max(MARGIN, min(y, self.content_bottom - height))
         self.max_bottom = max(self.max_bottom, y + height)
         self.max_right = max(self.max_right, x + width)
         text = "".join(f'<text x="{x + 10:.0f}" y="{y + 19 + 15 * k:.0f}">{esc(r)}</text>' for k, r in enumerate(rows))
@@ -591,7 +594,7 @@ class _TreePicture:
         cx, cy_top, ch = self.pos[child.ident]
         x0, y0 = px + self.width(parent), py + ph / 2
         y1 = cy_top + ch / 2
-        bend = x0 + 46
+        bend = x0 + 40
         total = max(1, self.view.total_processes)
         width = 1.3 + 5.0 * (child.count / total)
         cls = "edge culprit" if child.culprit else "edge"
@@ -612,6 +615,7 @@ class _TreePicture:
 
     def svg(self) -> str:
         self.layout()
+        self.content_bottom = self.max_bottom
         parts: List[str] = []
         for v in treeview.walk(self.view.root):
             for c in v.children:

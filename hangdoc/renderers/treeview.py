@@ -148,7 +148,8 @@ def _tree_from_groups(groups: Sequence[Group]) -> TreeNode:
     return root
 
 
-def _fold(frames: Sequence[Frame], is_plumbing: Callable[[Frame], bool], show_plumbing: bool) -> List[Line]:
+def _fold(frames: Sequence[Frame], is_plumbing: Callable[[Frame], bool], show_plumbing: bool, keep_last: bool = False) -> List[Line]:
+    """Lines for a box; ``keep_last`` keeps the innermost frame in view (where a group is stuck)."""
     lines: List[Line] = []
     run: List[Frame] = []
 
@@ -159,12 +160,14 @@ def _fold(frames: Sequence[Frame], is_plumbing: Callable[[Frame], bool], show_pl
             lines.extend(Line(frame_text(f), (f,), plumbing=True) for f in run)
         run.clear()
 
-    for f in frames:
-        if not show_plumbing and is_plumbing(f):
+    last = len(frames) - 1 if keep_last else -1
+    for k, f in enumerate(frames):
+        plumbing = not show_plumbing and is_plumbing(f)
+        if plumbing and k != last:
             run.append(f)
             continue
         flush()
-        lines.append(Line(frame_text(f), (f,)))
+        lines.append(Line(frame_text(f), (f,), plumbing=plumbing))
     flush()
     if len(lines) > MAX_LINES:
         tail = MAX_LINES - HEAD_LINES - 1
@@ -208,7 +211,7 @@ def build_view(report: Report, max_groups: Optional[int] = None, show_plumbing: 
             members.extend(p.rank for p in g.members if p.rank is not None)
         v = ViewNode(
             ident=len(nodes),
-            lines=_fold(frames, is_plumbing, show_plumbing),
+            lines=_fold(frames, is_plumbing, show_plumbing, keep_last=bool(ends)),
             groups=groups,
             ends=ends,
             count=count,
