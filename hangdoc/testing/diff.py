@@ -5,13 +5,14 @@ the first divergence, one column per distinct sequence (the agreeing ranks first
 call's seq, op and signature and the user call site. Not a wall of records: a few rows of context.
 
     >>> from hangdoc.model import CollectiveRecord as R
-    >>> recs = [R(0, 0, "all_reduce", shapes=((4,),), dtypes=("float32",), call_site="t.py:3:f"),
-    ...         R(0, 1, "broadcast", shapes=((8,),), dtypes=("float32",), root=0, call_site="t.py:5:f"),
-    ...         R(1, 0, "all_reduce", shapes=((4,),), dtypes=("float32",), call_site="t.py:3:f")]
+    >>> f32 = dict(dtypes=("float32",), state="completed")
+    >>> recs = [R(0, 0, "all_reduce", shapes=((4,),), call_site="t.py:3:f", **f32),
+    ...         R(0, 1, "broadcast", shapes=((8,),), root=0, call_site="t.py:5:f", **f32),
+    ...         R(1, 0, "all_reduce", shapes=((4,),), call_site="t.py:3:f", **f32)]
     >>> print(side_by_side(by_rank(recs), "default_pg", [1], index=1))  # doctest: +NORMALIZE_WHITESPACE
-          rank 0                                     | rank 1
-      #0  all_reduce([4] float32)   t.py:3 f         | all_reduce([4] float32)   t.py:3 f
-    > #1  broadcast([8] float32, src=0) t.py:5 f     ! (nothing)
+           rank 0                                       | rank 1
+      #0   all_reduce([4] float32)   t.py:3 f           | all_reduce([4] float32)   t.py:3 f
+    > #1   broadcast([8] float32, src=0)   t.py:5 f     ! (nothing)
 """
 
 from __future__ import annotations
@@ -108,9 +109,9 @@ def side_by_side(
     def label(rs: List[int]) -> str:
         return f"rank {rs[0]}" if len(rs) == 1 else f"rank {rs[0]} (as ranks {compress_ranks(rs)})"
 
-    lines = ["      " + " | ".join(label(rs).ljust(w) for (rs, _), w in zip(columns, width)).rstrip()]
+    lines = ["       " + " | ".join(label(rs).ljust(w) for (rs, _), w in zip(columns, width)).rstrip()]
     if lo > 0:
-        lines.append(f"      ... {lo} matching call{'s' if lo != 1 else ''} before")
+        lines.append(f"       ... {lo} matching call{'s' if lo != 1 else ''} before")
     for i in range(lo, hi):
         cells = [c[1][i] if i < len(c[1]) else None for c in columns]
         ref = _key(cells[:1]) if cells[0] is not None else None
@@ -124,10 +125,10 @@ def side_by_side(
         pointer = ">" if i == index else " "
         lines.append(f"{pointer} #{i:<3} {row.rstrip()}")
     if longest > hi:
-        lines.append(f"      ... {longest - hi} more call{'s' if longest - hi != 1 else ''} after")
+        lines.append(f"       ... {longest - hi} more call{'s' if longest - hi != 1 else ''} after")
     if hidden:
         more = sorted(r for rs, _ in hidden for r in rs)
-        lines.append(f"      (and {len(hidden)} more variant{'s' if len(hidden) != 1 else ''}: {describe_ranks(more)})")
+        lines.append(f"       (and {len(hidden)} more variant{'s' if len(hidden) != 1 else ''}: {describe_ranks(more)})")
     return "\n".join(lines)
 
 

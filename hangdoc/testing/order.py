@@ -15,10 +15,9 @@ object collectives (``broadcast_object_list`` & co) may fail. Run those on ``glo
     ...     dist.all_reduce(torch.ones(4))
     ...     if rank != 1:   # the bug: rank 1 skips the broadcast
     ...         dist.broadcast(torch.ones(8), src=0)
-    >>> check_collective_order(step, world_size=4)  # doctest: +ELLIPSIS
+    >>> check_collective_order(step, world_size=4)  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
-    ...
-    hangdoc.testing.order.CollectiveOrderError: collective order diverged...
+    hangdoc.testing.order.CollectiveOrderError: collective order diverged (world size 4, fake backend)
 """
 
 from __future__ import annotations
@@ -72,8 +71,19 @@ class CollectiveTrace:
         return [r.describe() for r in self.records(rank, group)]
 
     def divergences(self) -> List[Any]:
-        """The analysis's divergences between the ranks (empty when they agree)."""
-        return find_divergences(self.records())
+        """The analysis's divergences between the ranks' collectives (empty when they agree)."""
+        return find_divergences(self.records(), sorted(self.by_rank))
+
+    def schedule_problems(self) -> List[Any]:
+        """Point-to-point problems: deadlocks under blocking semantics, unmatched or mismatched messages."""
+        from hangdoc.testing.schedule import replay
+
+        return replay(self.by_rank)
+
+    def problems(self) -> Tuple[List[Any], List[Any]]:
+        """(divergences, schedule problems); the replay runs only when the collectives agree."""
+        found = self.divergences()
+        return found, ([] if found else self.schedule_problems())
 
 
 class RankTrace:
@@ -99,12 +109,44 @@ class RankTrace:
         return [r.describe() for r in self.records(group)]
 
 
-def find_divergences(records: Sequence[CollectiveRecord]) -> List[Any]:
-    """``hangdoc.analysis.sequence.divergences`` over the calls each rank really took part in."""
-    from hangdoc.analysis.sequence import divergences
+def find_divergences(records: Sequence[CollectiveRecord], ranks: Sequence[int] = ()) -> List[Any]:
+    """``hangdoc.analysis.sequence.divergences`` over the calls each rank really took part in.
+
+    ``ranks`` names the ranks known to have run to their end: one of them that issued nothing at
+    all in a group where the others did is a divergence too (the alignment only sees ranks that
+    left records).
+    """
+    from hangdoc.analysis.sequence import Divergence, divergences
     from hangdoc.testing.diff import member_records
 
-    return list(divergences(member_records(records)))
+    recs = member_records(records)
+    found = list(divergences(recs))
+    groups: Dict[str, Dict[int, List[CollectiveRecord]]] = {}
+    for r in recs:
+        if r.op in _P2P:
+            continue
+        groups.setdefault(r.group, {}).setdefault(r.rank, []).append(r)
+    for name, per_rank in groups.items():
+        sample = next(iter(per_rank.values()))[0]
+        members = set(sample.group_ranks) if sample.group_ranks else set(ranks)
+        silent = sorted(m for m in members if m in set(ranks) and m not in per_rank)
+        if not silent:
+            continue
+        first = min(per_rank.items())[1]
+        first.sort(key=lambda r: r.seq)
+        exp = first[0]
+        others = sorted(per_rank)
+        from hangdoc.ranges import describe_ranks
+        from hangdoc.testing.schedule import _site
+
+        summary = (f"{describe_ranks(silent)} issued nothing in group {name}, where {describe_ranks(others)} issued "
+                   f"{len(first)} call{'s' if len(first) != 1 else ''}, the first {exp.describe()} at {_site(exp)}")
+        found.append(Divergence(name, "missing", silent, exp, None, 0, summary, others))
+    found.sort(key=lambda d: (d.group != "default_pg", d.group, d.index))
+    return found
+
+
+_P2P = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
 
 
 def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[int, List[CollectiveRecord]], Dict[int, BaseException]]:
@@ -144,25 +186,35 @@ def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[in
 
 
 def _call_with_rank(fn: Callable, rank: int, world_size: int, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` with ``rank``/``world_size`` filled in by name wherever they sit."""
     try:
-        params = inspect.signature(fn).parameters
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        params = {}
-    extra: Dict[str, Any] = {}
-    if "rank" in params:
-        extra["rank"] = rank
-    if "world_size" in params:
-        extra["world_size"] = world_size
-    return fn(*args, **{**kwargs, **extra})
+        return fn(*args, **kwargs)
+    given = {"rank": rank, "world_size": world_size}
+    call_kwargs: Dict[str, Any] = {k: v for k, v in given.items() if any(p.name == k for p in params)}
+    named = [p for p in params if p.name not in given and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+             and p.kind != p.KEYWORD_ONLY]
+    if any(p.kind == p.POSITIONAL_ONLY for p in params) or len(args) > len(named):
+        return fn(*args, **{**kwargs, **call_kwargs})
+    call_kwargs.update({p.name: a for p, a in zip(named, args)})
+    return fn(**{**kwargs, **call_kwargs})
 
 
-def verdict_message(trace: CollectiveTrace, divergences: Sequence[Any], backend: str) -> str:
+def verdict_message(trace: CollectiveTrace, divergences: Sequence[Any], backend: str,
+                    problems: Sequence[Any] = ()) -> str:
     from hangdoc.testing.diff import format_divergences
+    from hangdoc.testing.schedule import format_problems
 
-    text = format_divergences(trace.records(), divergences, trace.world_size)
     head = f"(world size {trace.world_size}, {backend} backend)"
-    lines = text.split("\n", 1)
-    text = lines[0] + " " + head + ("\n" + lines[1] if len(lines) > 1 else "")
+    parts = []
+    if divergences:
+        text = format_divergences(trace.records(), divergences, trace.world_size)
+        lines = text.split("\n", 1)
+        parts.append(lines[0] + " " + head + ("\n" + lines[1] if len(lines) > 1 else ""))
+    if problems:
+        parts.append(f"point-to-point schedule is wrong {head}\n\n" + format_problems(trace.by_rank, problems))
+    text = "\n\n".join(parts)
     if trace.errors:
         text += "\n\nranks that raised:\n" + "\n".join(
             f"  rank {r}: {type(e).__name__}: {e}" for r, e in sorted(trace.errors.items()))
@@ -200,9 +252,9 @@ def check_collective_order(
     kw = dict(kwargs or {})
     records, errors = run_in_process(lambda r: _call_with_rank(fn, r, world_size, args, kw), world_size)
     trace = CollectiveTrace(records, world_size, errors)
-    found = trace.divergences()
-    if found:
-        raise CollectiveOrderError(verdict_message(trace, found, backend), trace, found)
+    found, problems = trace.problems()
+    if found or problems:
+        raise CollectiveOrderError(verdict_message(trace, found, backend, problems), trace, found + problems)
     if errors:
         rank, err = min(errors.items())
         _note(err, f"raised on rank {rank} of {world_size} (fake backend, ranks run one after another in one process)")

@@ -258,9 +258,9 @@ def _run_in_process(item: pytest.Function, spec: Spec) -> None:
 
     records, errors = run_in_process(call, spec.world_size)
     trace = CollectiveTrace(records, spec.world_size, errors)
-    found = trace.divergences()
-    if found:
-        pytest.fail(verdict_message(trace, found, "fake"), pytrace=False)
+    found, problems = trace.problems()
+    if found or problems:
+        pytest.fail(verdict_message(trace, found, "fake", problems), pytrace=False)
     if errors:
         r, err = min(errors.items())
         others = sorted(set(errors) - {r})
@@ -454,8 +454,7 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
 
     n = spec.world_size
     results = {r: _child.read_result(run_dir, r) for r in range(n)}
-    records = _read_records(run_dir)
-    divergence_text = _divergence_text(records, n, spec.backend)
+    divergence_text = _divergence_text(_read_records(run_dir), n, spec.backend)
     sections: List[str] = []
     problems: List[str] = []
 
@@ -543,41 +542,45 @@ def _print_outputs(ranks, n: int) -> None:
             sys.stdout.write(f"---- rank {r} output ----\n{out}\n")
 
 
-def _read_records(run_dir: str) -> List[Any]:
+def _read_records(run_dir: str) -> Dict[int, List[Any]]:
+    """rank -> its records, for every rank that left a records file (a crashed rank leaves none)."""
+    import json
+
     from hangdoc.model import CollectiveRecord, Source
 
-    paths = sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl")))
-    records: List[Any] = []
     try:
         from hangdoc.readers import records as reader
     except ImportError:
         reader = None  # type: ignore[assignment]
-    for path in paths:
-        if reader is not None:
-            records.extend(reader.read(path, Source(path)))
-            continue
-        import json
-
-        with open(path) as f:
-            for line in f:
-                d = json.loads(line)
-                if "op" in d:
-                    records.append(CollectiveRecord.from_json(d))
-    return records
-
-
-def _divergence_text(records: Sequence[Any], world_size: int, backend: str) -> str:
-    if not records:
-        return ""
-    from hangdoc.testing.order import CollectiveTrace, find_divergences, verdict_message
-
-    found = find_divergences(records)
-    if not found:
-        return ""
     by_rank: Dict[int, List[Any]] = {}
-    for rec in records:
-        by_rank.setdefault(rec.rank, []).append(rec)
-    return verdict_message(CollectiveTrace(by_rank, world_size), found, backend)
+    for path in sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl"))):
+        try:
+            with open(path) as f:
+                header = json.loads(f.readline() or "{}")
+        except (OSError, ValueError):
+            continue
+        rank = header.get("rank")
+        if not isinstance(rank, int):
+            continue
+        if reader is not None:
+            recs = reader.read(path, Source(path))
+        else:
+            with open(path) as f:
+                recs = [CollectiveRecord.from_json(d) for d in map(json.loads, f) if "op" in d]
+        by_rank.setdefault(rank, []).extend(recs)
+    return by_rank
+
+
+def _divergence_text(by_rank: Dict[int, List[Any]], world_size: int, backend: str) -> str:
+    if not any(by_rank.values()):
+        return ""
+    from hangdoc.testing.order import CollectiveTrace, verdict_message
+
+    trace = CollectiveTrace(by_rank, world_size)
+    found, problems = trace.problems()
+    if not (found or problems):
+        return ""
+    return verdict_message(trace, found, backend, problems)
 
 
 def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
