@@ -126,12 +126,29 @@ def start_job(script: str, nproc: int, log_path: str, env_extra: Dict[str, str],
     return proc, log, cmd
 
 
+def descendants(pid: int) -> List[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
 def kill_job(proc: subprocess.Popen) -> None:
+    # torchrun puts each rank in a session of its own, so killing the launcher's group is not
+    # enough: every descendant is killed by pid too (collected before the launcher goes away).
+    pids = descendants(proc.pid)
     for sig in (signal.SIGCONT, signal.SIGKILL):  # SIGCONT first: a stopped process ignores nothing else
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -233,18 +250,55 @@ def capture(args: argparse.Namespace) -> int:
         tlog = os.path.join(tdir, "console.log")
         env = {**job_env, "HANG_TIMEOUT": str(args.traceback_timeout), "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
         proc, log, cmd = start_job(script, args.nproc, tlog, env, None)
+        seen: set = set()
         try:
-            proc.wait(timeout=args.traceback_timeout + 90)
-        except subprocess.TimeoutExpired:
-            pass
+            deadline = time.monotonic() + args.traceback_timeout + 90
+            while proc.poll() is None and time.monotonic() < deadline:
+                seen.update(descendants(proc.pid))
+                time.sleep(0.5)
         finally:
             kill_job(proc)
+            for pid in seen:  # ranks left behind by a launcher that already exited
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        mine = script.encode() in f.read()  # not a recycled pid of someone else
+                    if mine:
+                        os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             log.close()
         commands.append(f"traceback: HANG_TIMEOUT={args.traceback_timeout} "
                         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]:' python -m torch.distributed.run "
                         f"--nproc-per-node {args.nproc} --tee 3 examples/hangs/{args.scenario}.py")
     write_readme(out, args, commands)
     return 0
+
+
+def observed(out: str) -> List[str]:
+    """One line per process of ``plain/``: what its main thread was doing (a quick look, not the reader)."""
+    try:
+        with open(os.path.join(out, "truth.json")) as f:
+            truth = json.load(f)
+    except OSError:
+        truth = {}
+    rows = []
+    d = os.path.join(out, "plain")
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        node = name[len("trace-"):-len(".out")]
+        pid, want = None, False
+        with open(os.path.join(d, name), errors="replace") as f:
+            for line in f:
+                if line.startswith("Process "):
+                    pid = line.split()[1].rstrip(":")
+                elif line.startswith("Thread ") and '"MainThread"' in line:
+                    want = True
+                elif want and line.startswith("    "):
+                    rank = (truth.get(f"{node}:{pid}") or {}).get("rank")
+                    rows.append(f"- {node} pid {pid} (rank {rank}): `{line.strip()}`")
+                    want = False
+                elif line.startswith("Error:"):
+                    rows.append(f"- {node} pid {pid}: py-spy failed: `{line.strip()}`")
+    return rows
 
 
 def write_readme(out: str, args: argparse.Namespace, commands: List[str]) -> None:
@@ -270,6 +324,8 @@ def write_readme(out: str, args: argparse.Namespace, commands: List[str]) -> Non
         "",
     ]
     lines += [f"- `{c}`" for c in commands]
+    lines += ["", "## What the dumps show (innermost frame of each MainThread in plain/, for orientation)", ""]
+    lines += observed(out)
     lines.append("")
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write("\n".join(lines))

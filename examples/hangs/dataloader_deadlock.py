@@ -49,16 +49,19 @@ def main():
     rank, world = init()
     bad_rank = int(os.environ.get("DEADLOCK_RANK", "1"))
     holding = threading.Event()
-    # On the bad rank the thread holds the lock for a long time, so the fork below lands inside it.
-    hold = 30.0 if rank == bad_rank else 0.001
-    threading.Thread(target=metrics_flusher, args=(holding, hold), name="metrics-flusher", daemon=True).start()
+    flusher = threading.Thread(target=metrics_flusher, args=(holding, 30.0 if rank == bad_rank else 0.001),
+                               name="metrics-flusher", daemon=True)
     if rank == bad_rank:
+        # The race, made certain: the fork below lands while the flusher holds the lock.
+        flusher.start()
         holding.wait()
     loader = DataLoader(CountingDataset(), batch_size=4, num_workers=1, multiprocessing_context="fork")
     total = torch.zeros(4)
-    for step, batch in enumerate(loader):
-        if step == 0:
-            hang_point(rank, "first batch")
+    hang_point(rank, "first batch")
+    batches = iter(loader)  # forks the worker
+    if rank != bad_rank:
+        flusher.start()  # the lucky ranks: the lock was free when they forked
+    for batch in batches:
         total += batch.sum(0)
         dist.all_reduce(total)
     dist.destroy_process_group()

@@ -2,8 +2,12 @@
 
 Every rank runs the same loop of ``all_reduce`` + ``broadcast``; at step 3 rank 2 takes a code path
 (``if rank == skip_rank and step == 3: continue``) that jumps over the broadcast and goes on to the
-next step's ``all_reduce``. The other ranks wait in ``broadcast`` for rank 2, rank 2 waits in
-``all_reduce`` for them: nobody moves again.
+next step's ``all_reduce``. Nobody moves again, but what the stacks show depends on the backend:
+with gloo a non-root rank's ``broadcast`` returns once it has received the data, so ranks 1 and 3
+go on into the next ``all_reduce`` together with the culprit rank 2, and only the root, rank 0,
+stays in ``broadcast`` (it cannot send to rank 2). The odd one out in the stacks (rank 0) is *not*
+the culprit; the collective records tell. With ``SKIP_RANK=0`` (the root skips) the stacks show
+ranks 1-3 in ``broadcast`` and the culprit alone in ``all_reduce``.
 
     python -m torch.distributed.run --nproc-per-node 4 examples/hangs/skip_broadcast.py
 """

@@ -1,0 +1,215 @@
+"""Frame normalisation: make the same code look the same on every host and every Python.
+
+Readers call :func:`normalize_file` on every file name they read, so that
+``/opt/conda/lib/python3.8/site-packages/torch/distributed/distributed_c10d.py`` (full names,
+faulthandler, tracebacks) and ``torch/distributed/distributed_c10d.py`` (py-spy's short names)
+compare equal, and ``/usr/lib/python3.11/threading.py`` becomes ``threading.py`` like py-spy prints
+it. :func:`is_plumbing` says which frames are library plumbing (launcher wrappers, runpy, thread
+bootstrap, torch's module-call dispatch, the interpreter's own C frames): kept in the stack, but a
+renderer may fold them and a summary skips them.
+
+    >>> normalize_file("/opt/conda/lib/python3.8/site-packages/torch/distributed/c10d_logger.py")
+    'torch/distributed/c10d_logger.py'
+    >>> normalize_file("/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py")
+    'threading.py'
+    >>> normalize_file("/home/alice/proj/train.py")
+    '~/proj/train.py'
+    >>> from hangdoc.model import Frame
+    >>> is_plumbing(Frame("_exception_logger.<locals>.wrapper", "torch/distributed/c10d_logger.py", 83))
+    True
+    >>> is_plumbing(Frame("train_step", "train.py", 28))
+    False
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hangdoc.model import Frame, Process
+
+_PACKAGES_RE = re.compile(r"^.*?/(?:site|dist)-packages/")
+# .../lib/python3.11/x.py, .../lib64/python3.8/x.py, .../Lib/x.py (Windows)
+_STDLIB_RE = re.compile(r"^.*?/lib(?:64)?/python\d+(?:\.\d+)?[a-z]?/")
+_HOME_RE = re.compile(r"^/(?:home|Users)/[^/]+/")
+_ROOT_HOME_RE = re.compile(r"^/root/")
+
+
+@lru_cache(maxsize=65536)
+def normalize_file(path: str) -> str:
+    """A file name that compares equal across hosts, Python versions and dumpers.
+
+    * ``.../site-packages/`` or ``.../dist-packages/`` prefixes are stripped (the package path stays);
+    * ``.../lib/python3.X/`` standard-library prefixes are stripped (``threading.py``);
+    * ``/home/USER/`` and ``/root/`` become ``~/``;
+    * anything else (``<frozen runpy>``, ``<string>``, relative names, C libraries) is left alone.
+
+    >>> normalize_file("C:\\\\Python311\\\\Lib\\\\site-packages\\\\torch\\\\nn\\\\modules\\\\module.py")
+    'torch/nn/modules/module.py'
+    >>> normalize_file("<frozen runpy>")
+    '<frozen runpy>'
+    """
+    if not path or path[0] == "<":
+        return path
+    if "\\" in path and "/" not in path:
+        path = path.replace("\\", "/")
+        path = re.sub(r"^.*?/Lib/(site-packages/)?", lambda m: "/lib/python3/" + (m.group(1) or ""), path)
+    m = _PACKAGES_RE.match(path)
+    if m:
+        return path[m.end():]
+    m = _STDLIB_RE.match(path)
+    if m:
+        return path[m.end():]
+    m = _HOME_RE.match(path) or _ROOT_HOME_RE.match(path)
+    if m:
+        return "~/" + path[m.end():]
+    return path
+
+
+# Python frames that are plumbing: (function name, file suffix). The function is compared both as
+# py-spy prints it (``Thread._bootstrap``, a qualified name) and as faulthandler, tracebacks and
+# pystack print it (``_bootstrap``, the bare name).
+_PLUMBING_PY = {
+    # torch.distributed's logging wrappers around every collective
+    ("_exception_logger.<locals>.wrapper", "torch/distributed/c10d_logger.py"),
+    ("_time_logger.<locals>.wrapper", "torch/distributed/c10d_logger.py"),
+    ("wrapper", "torch/distributed/c10d_logger.py"),
+    # the torchrun launcher / elastic agent
+    ("record.<locals>.wrap.<locals>.wrapper", "torch/distributed/elastic/multiprocessing/errors/__init__.py"),
+    ("wrapper", "torch/distributed/elastic/multiprocessing/errors/__init__.py"),
+    ("prof.<locals>.wrap.<locals>.wrapper", "torch/distributed/elastic/metrics/api.py"),
+    ("wrapper", "torch/distributed/elastic/metrics/api.py"),
+    # nn.Module call dispatch and context-manager decorators
+    ("Module._call_impl", "torch/nn/modules/module.py"),
+    ("Module._wrapped_call_impl", "torch/nn/modules/module.py"),
+    ("_call_impl", "torch/nn/modules/module.py"),
+    ("_wrapped_call_impl", "torch/nn/modules/module.py"),
+    ("Module.__call__", "torch/nn/modules/module.py"),
+    ("context_decorator.<locals>.decorate_context", "torch/utils/_contextlib.py"),
+    ("decorate_context", "torch/utils/_contextlib.py"),
+    ("_DecoratorContextManager.__call__.<locals>.decorate_context", "torch/utils/_contextlib.py"),
+    # running a module or script
+    ("_run_code", "runpy.py"),
+    ("_run_module_as_main", "runpy.py"),
+    ("_run_module_code", "runpy.py"),
+    ("run_module", "runpy.py"),
+    ("run_path", "runpy.py"),
+    # thread and process bootstrap
+    ("Thread._bootstrap", "threading.py"),
+    ("Thread._bootstrap_inner", "threading.py"),
+    ("Thread.run", "threading.py"),
+    ("_bootstrap", "threading.py"),
+    ("_bootstrap_inner", "threading.py"),
+    ("run", "threading.py"),
+    ("BaseProcess._bootstrap", "multiprocessing/process.py"),
+    ("BaseProcess.run", "multiprocessing/process.py"),
+    ("BaseProcess.start", "multiprocessing/process.py"),
+    ("_bootstrap", "multiprocessing/process.py"),
+    ("run", "multiprocessing/process.py"),
+    ("start", "multiprocessing/process.py"),
+    ("Popen._launch", "multiprocessing/popen_fork.py"),
+    ("Popen.__init__", "multiprocessing/popen_fork.py"),
+    ("_launch", "multiprocessing/popen_fork.py"),
+    ("__init__", "multiprocessing/popen_fork.py"),
+    ("ForkProcess._Popen", "multiprocessing/context.py"),
+    ("_Popen", "multiprocessing/context.py"),
+    ("_WorkItem.run", "concurrent/futures/thread.py"),
+    ("_worker", "concurrent/futures/thread.py"),
+    ("run", "concurrent/futures/thread.py"),
+}
+_PLUMBING_FILES_ANY_FUNCTION = ("<frozen runpy>",)
+
+# C frames of the interpreter, libc start-up and binding glue: never where a hang is decided.
+_PLUMBING_NATIVE_RE = re.compile(
+    r"^(?:_?Py[A-Z_]\w*|_Py\w+|py?main_\w+|pymain_\w+|Py_BytesMain|Py_RunMain|run_mod|run_eval_code_obj|"
+    r"pyrun_\w+|method_vectorcall\w*|cfunction_\w+|vectorcall\w*|slot_tp_\w+|_start|__libc_start_\w+|"
+    r"__libc_start_call_main|start_thread|clone3?|thread_run|pythread_wrapper|"
+    r"pybind11::cpp_function::dispatcher|pybind11::cpp_function::initialize)"
+)
+
+
+def _suffix_match(file: str, suffix: str) -> bool:
+    return file == suffix or file.endswith("/" + suffix)
+
+
+@lru_cache(maxsize=65536)
+def _plumbing(function: str, file: str, native: bool) -> bool:
+    if native:
+        return bool(_PLUMBING_NATIVE_RE.match(function))
+    if file in _PLUMBING_FILES_ANY_FUNCTION:
+        return True
+    for name, suffix in _PLUMBING_PY:
+        if function == name and _suffix_match(file, suffix):
+            return True
+    return False
+
+
+def is_plumbing(frame: "Frame") -> bool:
+    """True for frames that only pass a call through (wrappers, bootstrap, dispatch).
+
+    >>> from hangdoc.model import Frame
+    >>> is_plumbing(Frame("Thread._bootstrap", "threading.py", 1002))
+    True
+    >>> is_plumbing(Frame("_run_code", "<frozen runpy>", 88))
+    True
+    >>> is_plumbing(Frame("_PyEval_EvalFrameDefault", "libpython3.11.so.1.0", native=True))
+    True
+    >>> is_plumbing(Frame("c10d::Work::wait", "libtorch_cpu.so", native=True))
+    False
+    """
+    return _plumbing(frame.function, frame.file, frame.native)
+
+
+# --- roles -------------------------------------------------------------------------------------
+
+_WORKER_FUNCTIONS = frozenset({"_worker_loop"})
+_LAUNCHER_FILES = (
+    "torch/distributed/run.py",
+    "torch/distributed/launch.py",
+    "torch/distributed/elastic/agent/server/api.py",
+    "torch/distributed/launcher/api.py",
+)
+
+
+def is_worker_stack(frames: Iterable["Frame"]) -> bool:
+    """A DataLoader worker: ``_worker_loop`` of ``torch/utils/data/_utils/worker.py`` in the stack."""
+    for f in frames:
+        if f.function in _WORKER_FUNCTIONS and (not f.file or f.file.endswith("worker.py")):
+            return True
+    return False
+
+
+def is_launcher_stack(frames: Iterable["Frame"]) -> bool:
+    """torchrun / ``torch.distributed.launch`` / the elastic agent."""
+    for f in frames:
+        for suffix in _LAUNCHER_FILES:
+            if _suffix_match(f.file, suffix):
+                return True
+    return False
+
+
+def role_of(process: "Process") -> str:
+    """What a process is, from its stacks and command line: rank, DataLoader worker or launcher.
+
+    >>> from hangdoc.model import Frame, Thread, Process
+    >>> t = Thread(frames=(Frame("_worker_loop", "torch/utils/data/_utils/worker.py", 334),), is_main=True)
+    >>> role_of(Process(threads=[t]))
+    'dataloader-worker'
+    """
+    from hangdoc.model import ROLE_LAUNCHER, ROLE_RANK, ROLE_UNKNOWN, ROLE_WORKER
+
+    # A worker is forked from its rank: only its main thread says what it runs (the other threads
+    # are the worker's own), and a worker's main thread also shows the rank's frames up to the fork.
+    main = process.main_thread
+    if main is not None and is_worker_stack(main.frames):
+        return ROLE_WORKER
+    cmd = process.command
+    if ("torch.distributed.run" in cmd or "torchrun" in cmd or "torch.distributed.launch" in cmd) or (
+        main is not None and is_launcher_stack(main.frames)
+    ):
+        return ROLE_LAUNCHER
+    if process.rank is not None or any(t.frames for t in process.threads):
+        return ROLE_RANK
+    return ROLE_UNKNOWN

@@ -1,0 +1,610 @@
+"""Readers: stack dumps and collective records of a hung job → one :class:`~hangdoc.model.Job`.
+
+:func:`read_paths` takes files, globs and directories (walked recursively), detects the format of
+every block of every file (several formats may share a file: ``srun --output=trace-%N.out``
+appends whatever each dumper printed), and fills ``Job.processes``, ``Job.records``,
+``Job.sources`` (each with its :class:`~hangdoc.model.ParseError` list) and ``Job.world_size``.
+
+Stack formats, one module each: :mod:`~hangdoc.readers.pyspy` (plain, ``--native``, ``--locals``,
+``--json``, py-spy's own errors), :mod:`~hangdoc.readers.faulthandler`,
+:mod:`~hangdoc.readers.traceback`, :mod:`~hangdoc.readers.pystack`, :mod:`~hangdoc.readers.gdb`.
+Record files go to ``records`` and ``flight_recorder``. See ``docs/formats.md``.
+
+Who a process is (host, pid, rank, role) is put together from every piece of evidence there is:
+the ``# hangdoc process`` tag line before a dump (:mod:`hangdoc.tags`), a line prefix (``[rank3]:``,
+``[default3]:`` from torchrun ``--tee``, ``[host:3]`` from hangdoc), the file name
+(``trace-node7.out`` → host ``node7``; ``stacks-node7-r3-42.txt``; ``stderr-rank3.log``), a
+``rank`` argument or local in a py-spy ``--locals`` dump, and the rank map (``{"host:pid": rank}``
+or ``{"pid": rank}``), which wins. A process whose main thread runs ``_worker_loop`` is a
+DataLoader worker, tied to its rank through its parent pid (tag, ``py-spy --subprocesses``) or
+through the file it is in; torchrun and the elastic agent are launchers.
+
+    >>> job = read_text('''# hangdoc process host=n1 pid=42 rank=3 world_size=4
+    ... Process 42: python train.py
+    ... Python v3.11.7 (/usr/bin/python3.11)
+    ...
+    ... Thread 42 (idle): "MainThread"
+    ...     all_reduce (torch/distributed/distributed_c10d.py:3252)
+    ...     main (train.py:40)
+    ... ''')
+    >>> p = job.processes[0]
+    >>> (p.host, p.pid, p.rank, p.role, job.world_size, p.main_thread.top.function)
+    ('n1', 42, 3, 'rank', 4, 'all_reduce')
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import importlib
+import io
+import json
+import os
+import re
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+from hangdoc.model import (
+    ROLE_LAUNCHER,
+    ROLE_RANK,
+    ROLE_WORKER,
+    STATUS_OK,
+    STATUS_TRUNCATED,
+    CollectiveRecord,
+    Job,
+    ParseError,
+    Process,
+    Source,
+)
+from hangdoc.readers import faulthandler as _faulthandler
+from hangdoc.readers import gdb as _gdb
+from hangdoc.readers import pyspy as _pyspy
+from hangdoc.readers import pystack as _pystack
+from hangdoc.readers import traceback as _traceback
+from hangdoc.readers._base import BlockParser, FileContext, Interner, lines
+from hangdoc.tags import PREFIX as _TAG_PREFIX
+from hangdoc.tags import parse_tag
+
+__all__ = ["read_paths", "read_text", "read_file", "load_rank_map", "expand_paths"]
+
+#: bytes read to decide what a file is
+HEAD_BYTES = 1 << 16
+
+# Markers of a stack dump in a file's head: a file found by walking a directory is read only when
+# its head holds one of them (a file named on the command line is always read).
+_MARKERS = (
+    b"Thread ",
+    b"Traceback (most recent call last)",
+    b"Process ",
+    b"Current thread 0x",
+    b"Stack (most recent call first)",
+    b"Traceback for thread ",
+    _TAG_PREFIX.strip().encode(),
+    b'"thread_name"',
+    b"Error: Failed",
+    b"Fatal Python error",
+)
+# Never dumps, when met in a directory walk.
+_SKIP_SUFFIXES = (
+    ".py", ".pyc", ".pyo", ".so", ".o", ".a", ".md", ".rst", ".html", ".svg", ".dot", ".png", ".jpg",
+    ".jpeg", ".gif", ".pdf", ".gz", ".bz2", ".xz", ".zip", ".tar", ".whl", ".ipynb", ".toml", ".cfg",
+    ".ini", ".yaml", ".yml", ".pt", ".pth", ".safetensors", ".bin", ".npy", ".npz",
+)
+_SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".tox", ".venv", "venv"}
+
+# torchrun --tee / --log-line-prefix-template: "[rank3]:", "[default3]:", "[3]:";
+# hangdoc's own prefix: "[host:3] ".
+_TORCHRUN_PREFIX_RE = re.compile(r"^\[([A-Za-z_]*)(\d+)\]:")
+_HANGDOC_PREFIX_RE = re.compile(r"^\[([A-Za-z0-9_.\-]+):(\d+)\] ")
+
+
+# --- block detection ---------------------------------------------------------------------------
+
+
+def _detect(ctx: FileContext, lineno: int, line: str) -> Optional[BlockParser]:
+    """The parser for a block that starts at ``line``, or None when no block starts there."""
+    c = line[:1]
+    if c == "T":
+        if line.startswith("Thread "):
+            if _faulthandler.starts(line):
+                return _faulthandler.FaulthandlerParser(ctx, lineno)
+            if _gdb.starts(line):
+                return _gdb.GdbParser(ctx, lineno)
+            if _pyspy.starts(line):
+                return _pyspy.PySpyParser(ctx, lineno)
+        elif _traceback.starts(line):
+            return _traceback.TracebackParser(ctx, lineno)
+        elif _pystack.starts(line):
+            return _pystack.PystackParser(ctx, lineno)
+    elif c == "P":
+        if _pyspy.starts(line):
+            return _pyspy.PySpyParser(ctx, lineno)
+    elif c in ("C", "S", "F"):
+        if _faulthandler.starts(line):
+            return _faulthandler.FaulthandlerParser(ctx, lineno)
+    elif c == "[":
+        if _pyspy.starts_json(line):
+            return _pyspy.PySpyJsonParser(ctx, lineno)
+    elif c in ("E", "e"):
+        if _pyspy.starts(line):
+            return _pyspy.PySpyParser(ctx, lineno)
+    return None
+
+
+class _Channel:
+    """The lines of one prefix (one rank's output) inside a file, with their own parser."""
+
+    __slots__ = ("parser", "tag", "tag_line", "rank", "local_rank", "host", "started")
+
+    def __init__(self, rank: Optional[int] = None, local_rank: Optional[int] = None, host: Optional[str] = None):
+        self.parser: Optional[BlockParser] = None
+        self.tag: Optional[Dict[str, str]] = None
+        self.tag_line = 0
+        self.rank = rank
+        self.local_rank = local_rank
+        self.host = host
+        self.started: List[Tuple[int, Process]] = []
+
+
+def _channel_for(channels: Dict[str, _Channel], line: str) -> Tuple[_Channel, str]:
+    """Strip every leading prefix (torchrun nests its own inside the template's) → channel, text."""
+    if line[:1] != "[":
+        return channels[""], line
+    key = ""
+    rank = local = None
+    host = None
+    while line[:1] == "[":
+        m = _TORCHRUN_PREFIX_RE.match(line)
+        if m:
+            name, num = m.group(1), int(m.group(2))
+            if name in ("rank", ""):
+                rank = num
+            else:
+                local = num
+            key = key or m.group(0)
+            line = line[m.end():]
+            # torchrun's --tee adds no space, torch's own "[rank0]: " one: indentation in dumps is
+            # even (2, 4, 8 spaces), so an odd run of spaces holds the prefix's own space
+            n = len(line) - len(line.lstrip(" "))
+            if n % 2:
+                line = line[1:]
+            continue
+        m = _HANGDOC_PREFIX_RE.match(line)
+        if m:
+            host, rank = m.group(1), int(m.group(2))
+            key = key or m.group(0).strip()
+            line = line[m.end():]
+            continue
+        break
+    ch = channels.get(key)
+    if ch is None:
+        ch = channels[key] = _Channel(rank=rank, local_rank=local, host=host)
+    return ch, line
+
+
+# --- one file ----------------------------------------------------------------------------------
+
+
+def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) -> List[Process]:
+    ctx = FileContext(path, source, interner)
+    channels: Dict[str, _Channel] = {"": _Channel()}
+    main = channels[""]
+    emitted: List[Tuple[_Channel, Process]] = []
+    tags: List[Tuple[_Channel, int, Dict[str, str]]] = []
+
+    def close(ch: _Channel) -> None:
+        parser, ch.parser = ch.parser, None
+        if parser is None:
+            return
+        try:
+            procs = parser.close()
+        except Exception as e:  # a reader bug must cost one block, never the whole input
+            ctx.error(parser.start, f"could not read this {parser.format} block: {type(e).__name__}: {e}")
+            return
+        for p in procs:
+            emitted.append((ch, p))
+
+    last = 0
+    for lineno, line in lines(path, ctx, fileobj):
+        last = lineno
+        ch, text = (main, line) if line[:1] != "[" else _channel_for(channels, line)
+        parser = ch.parser
+        if parser is not None:
+            try:
+                if parser.feed(lineno, text):
+                    continue
+            except Exception as e:
+                ctx.error(lineno, f"could not read this line: {type(e).__name__}: {e}")
+                continue
+            close(ch)
+        if text[:1] == "#" and text.startswith(_TAG_PREFIX.strip()):
+            fields = parse_tag(text)
+            if fields is not None:
+                tags.append((ch, lineno, fields))
+            continue
+        new = _detect(ctx, lineno, text)
+        if new is not None:
+            new.feed(lineno, text)
+            ch.parser = new
+    for ch in channels.values():
+        close(ch)
+    if ctx.cut_off and ctx.cut_off == last and emitted:
+        ctx.error(last, "file ends in the middle of a line (cut off?)")
+        lastp = max((p for _, p in emitted), key=lambda p: p.source_line)
+        if lastp.status == STATUS_OK:
+            lastp.status = STATUS_TRUNCATED
+            lastp.status_detail = "the dump ends in the middle of a line"
+
+    emitted.sort(key=lambda cp: cp[1].source_line)
+    _apply_tags(emitted, tags)
+    procs: List[Process] = []
+    for ch, p in emitted:
+        if p.host is None:
+            p.host = ch.host
+        if p.rank is None and ch.rank is not None:
+            p.rank = ch.rank
+            p.meta.setdefault("rank_from", "prefix")
+        if p.local_rank is None and ch.local_rank is not None:
+            p.local_rank = ch.local_rank
+        ctx.add(p)
+        procs.append(p)
+    _from_file_name(ctx, procs)
+    for p in procs:
+        _finish_identity(p, interner)
+    _tie_workers_by_order(procs)
+    ctx.finish()
+    return procs
+
+
+def _apply_tags(emitted: List[Tuple[_Channel, Process]], tags: List[Tuple[_Channel, int, Dict[str, str]]]) -> None:
+    """A tag line belongs to the first process of its channel that starts after it."""
+    if not tags:
+        return
+    for ch, tag_line, fields in tags:
+        for pch, p in emitted:
+            if pch is ch and p.source_line > tag_line and not p.meta.get("tagged"):
+                _apply_tag(p, fields)
+                break
+
+
+def _int(v: Optional[str]) -> Optional[int]:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
+    p.meta["tagged"] = True
+    p.host = fields.get("host") or p.host
+    for name in ("pid", "rank", "local_rank", "ppid"):
+        v = _int(fields.get(name))
+        if v is not None:
+            setattr(p, name, v)
+    if "rank" in fields and _int(fields["rank"]) is not None:
+        p.meta["rank_from"] = "tag"
+    ws = _int(fields.get("world_size"))
+    if ws is not None:
+        p.meta["world_size"] = ws
+    if fields.get("role"):
+        p.role = fields["role"]
+    for k, v in fields.items():
+        if k not in ("host", "pid", "rank", "local_rank", "ppid", "world_size", "role"):
+            p.meta[k] = v
+
+
+def _from_file_name(ctx: FileContext, procs: List[Process]) -> None:
+    for p in procs:
+        if p.host is None and ctx.host_from_name is not None:
+            p.host = ctx.host_from_name
+    if ctx.rank_from_name is None and ctx.pid_from_name is None:
+        return
+    # The name speaks for one process (a rank's own stderr, hangdoc's stacks-host-rR-pid.txt);
+    # its forked DataLoader workers may have written into the same file.
+    from hangdoc.analysis.normalize import role_of
+
+    owners = [p for p in procs if role_of(p) != ROLE_WORKER]
+    if len(owners) == 1:
+        o = owners[0]
+        if o.rank is None and ctx.rank_from_name is not None:
+            o.rank = ctx.rank_from_name
+            o.meta.setdefault("rank_from", "file name")
+        if o.pid is None and ctx.pid_from_name is not None:
+            o.pid = ctx.pid_from_name
+
+
+def _finish_identity(p: Process, interner: Interner) -> None:
+    from hangdoc.analysis.normalize import role_of
+
+    if p.host is not None:
+        p.host = interner.string(p.host)
+    if p.rank is None:
+        r = _rank_from_locals(p)
+        if r is not None:
+            p.rank = r
+            p.meta["rank_from"] = "locals"
+    if not p.meta.get("tagged") or p.role in ("", "unknown"):
+        p.role = role_of(p)
+    if p.role == ROLE_WORKER and p.rank is not None and p.meta.get("rank_from") in ("prefix", "file name", "locals"):
+        # a worker writes under its rank's prefix / into its rank's file: that rank owns it
+        p.parent_rank = p.rank
+        p.rank = None
+
+
+_RANK_LOCALS = ("rank", "global_rank")
+
+
+def _rank_from_locals(p: Process) -> Optional[int]:
+    """``rank: 3`` among the arguments/locals of user frames (py-spy --locals), outermost first."""
+    main = p.main_thread
+    if main is None:
+        return None
+    for f in main.frames:
+        if not f.locals or f.file.startswith("torch/"):
+            continue
+        for name in _RANK_LOCALS:
+            v = f.local(name)
+            if v is not None and v.isdigit():
+                return int(v)
+    return None
+
+
+def _tie_workers_by_order(procs: List[Process]) -> None:
+    """Tie DataLoader workers to the rank process printed before them in the same file.
+
+    Only when the file's order says so: it holds one rank process, or ranks and workers alternate
+    (``py-spy dump --subprocesses``, a tree walk). ``pgrep | xargs py-spy dump`` prints all ranks
+    first and their workers after, which says nothing about who forked whom.
+    """
+    ranks = [p for p in procs if p.role == ROLE_RANK]
+    workers = [p for p in procs if p.role == ROLE_WORKER and p.ppid is None and p.parent_rank is None]
+    if not workers or not ranks:
+        return
+    order = {id(p): i for i, p in enumerate(procs)}
+    last_worker = max(order[id(w)] for w in workers)
+    interleaved = any(order[id(r)] > min(order[id(w)] for w in workers) for r in ranks)
+    if len(ranks) > 1 and not interleaved:
+        return
+    del last_worker
+    current: Optional[Process] = None
+    for p in procs:
+        if p.role == ROLE_RANK:
+            current = p
+        elif p.role == ROLE_WORKER and current is not None and p.ppid is None and p.parent_rank is None:
+            p.ppid = current.pid
+            p.parent_rank = current.rank
+            p.meta["parent_from"] = "file order"
+
+
+# --- files, globs, directories -----------------------------------------------------------------
+
+
+def expand_paths(paths: Iterable[str]) -> List[Tuple[str, bool]]:
+    """``(file, named)`` for every file the arguments stand for; ``named`` is False for files
+    found by walking a directory or matching a glob (those are read only when they look like dumps).
+    A path that does not exist is returned as is (its Source gets the error)."""
+    out: List[Tuple[str, bool]] = []
+    seen = set()
+
+    def add(path: str, named: bool) -> None:
+        key = os.path.normpath(path)
+        if key not in seen:
+            seen.add(key)
+            out.append((path, named))
+
+    for arg in paths:
+        if os.path.isdir(arg):
+            for root, dirs, files in os.walk(arg):
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+                for name in sorted(files):
+                    if not name.startswith("."):
+                        add(os.path.join(root, name), False)
+        elif os.path.exists(arg):
+            add(arg, True)
+        elif any(c in arg for c in "*?["):
+            matches = sorted(glob.glob(arg, recursive=True))
+            if not matches:
+                add(arg, True)
+            for m in matches:
+                if os.path.isdir(m):
+                    for f, _ in expand_paths([m]):
+                        add(f, False)
+                else:
+                    add(m, True)
+        else:
+            add(arg, True)
+    return out
+
+
+def _optional(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def _head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(HEAD_BYTES)
+
+
+def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[Source]:
+    """Read one file into ``job``; None when a walked file is not a dump (skipped quietly)."""
+    source = Source(path)
+    try:
+        head = _head(path)
+    except OSError as e:
+        if not named:
+            return None
+        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e.__class__.__name__}"))
+        return source
+    base = os.path.basename(path)
+    records = _optional("hangdoc.readers.records")
+    if records is not None and (fnmatch.fnmatch(base, "collectives-*.jsonl") or records.looks_like(path, head)):
+        recs = _call_reader(records, path, source)
+        source.records = len(recs)
+        source.formats.append(getattr(records, "FORMAT", "hangdoc-records"))
+        job.records.extend(recs)
+        return source
+    fr = _optional("hangdoc.readers.flight_recorder")
+    if fr is not None:
+        try:
+            is_fr = fr.looks_like(path, head)
+        except Exception:
+            is_fr = False
+        if is_fr:
+            recs = _call_reader(fr, path, source)
+            source.records = len(recs)
+            source.formats.append(getattr(fr, "FORMAT", "flight-recorder"))
+            job.records.extend(recs)
+            return source
+    if not named:
+        if base.endswith(_SKIP_SUFFIXES) or b"\x00" in head[:4096] or not any(m in head for m in _MARKERS):
+            return None
+    elif b"\x00" in head[:4096] and not any(m in head for m in _MARKERS):
+        source.errors.append(ParseError(path, 1, "binary file, not a stack dump; skipped"))
+        return source
+    procs = _read_stacks(path, source, interner)
+    source.processes = len(procs)
+    job.processes.extend(procs)
+    if not procs and not source.errors:
+        source.errors.append(ParseError(path, 1 if head else 0, "no stack dump found" if head else "empty file"))
+    return source
+
+
+def _call_reader(module, path: str, source: Source) -> List[CollectiveRecord]:
+    try:
+        return list(module.read(path, source))
+    except Exception as e:  # another engineer's reader failing must not take the stacks down
+        source.errors.append(ParseError(path, 0, f"could not read records: {type(e).__name__}: {e}"))
+        return []
+
+
+def read_paths(paths: Iterable[str], rank_map: Optional[Dict[str, object]] = None,
+               progress: Optional[Callable[[int, int, str], None]] = None) -> Job:
+    """Read every dump and record file under ``paths`` into one :class:`~hangdoc.model.Job`.
+
+    ``paths``: files, globs (``trace-*.out``, ``dumps/**/*.txt``) and directories (recursive).
+    ``rank_map``: ``{"host:pid": rank}`` (or ``{"pid": rank}``); it overrides other evidence.
+    ``progress(i, n, path)`` is called before each file.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with open(os.path.join(d, "trace-node7.out"), "w") as f:
+    ...     _ = f.write('Process 9: python t.py\\n\\nThread 9 (idle): "MainThread"\\n    main (t.py:3)\\n')
+    >>> job = read_paths([d], rank_map={"node7:9": 5})
+    >>> [(p.host, p.pid, p.rank) for p in job.processes]
+    [('node7', 9, 5)]
+    """
+    job = Job()
+    interner = Interner()
+    files = expand_paths(list(paths))
+    for i, (path, named) in enumerate(files):
+        if progress is not None:
+            progress(i, len(files), path)
+        if not os.path.exists(path):
+            job.sources.append(Source(path, errors=[ParseError(path, 0, "no such file or directory")]))
+            continue
+        try:
+            source = read_file(path, named, job, interner)
+        except Exception as e:  # never a traceback from hangdoc: one error for the file, go on
+            source = Source(path, errors=[ParseError(path, 0, f"could not read: {type(e).__name__}: {e}")])
+        if source is not None:
+            job.sources.append(source)
+    finish_job(job, rank_map)
+    return job
+
+
+def read_text(text: str, name: str = "<text>", rank_map: Optional[Dict[str, object]] = None) -> Job:
+    """Read dump text held in memory (tests, doctests, ``hangdoc dump`` output piped in).
+
+    >>> read_text('Thread 0x00007f (most recent call first):\\n  File "t.py", line 3 in main\\n').processes[0].format
+    'faulthandler'
+    """
+    job = Job()
+    source = Source(name)
+    procs = _read_stacks(name, source, Interner(), io.BytesIO(text.encode("utf-8", "surrogateescape")))
+    source.processes = len(procs)
+    job.processes.extend(procs)
+    job.sources.append(source)
+    finish_job(job, rank_map)
+    return job
+
+
+# --- the whole job -----------------------------------------------------------------------------
+
+
+def load_rank_map(path: str) -> Dict[str, int]:
+    """A rank map file: JSON ``{"host:pid": rank}`` or ``{"pid": rank}``; values may also be
+    objects with a ``"rank"`` key (``truth.json`` of the captured fixtures). Raises ValueError."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a rank map is a JSON object {{\"host:pid\": rank}}")
+    return normalize_rank_map(data)
+
+
+def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            v = v.get("rank")
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
+            raise ValueError(f"rank map: rank of {k!r} is not an integer: {v!r}")
+        out[str(k)] = int(v)
+    return out
+
+
+def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
+    """Identity that needs all files at once: rank map, worker → rank ties, local ranks, world size."""
+    rmap = normalize_rank_map(rank_map) if rank_map else {}
+    if rmap:
+        for p in job.processes:
+            r = rmap.get(f"{p.host}:{p.pid}") if p.host is not None else None
+            if r is None and p.pid is not None:
+                r = rmap.get(str(p.pid))
+            if r is not None and p.role != ROLE_WORKER:
+                if p.rank is not None and p.rank != r:
+                    p.meta["rank_before_map"] = p.rank
+                p.rank = r
+                p.meta["rank_from"] = "rank map"
+                if p.role != ROLE_LAUNCHER:
+                    p.role = ROLE_RANK
+
+    # torchrun's [defaultN]: is the local rank; on one host it is the rank too
+    hosts = {p.host for p in job.processes}
+    if len(hosts) <= 1:
+        for p in job.processes:
+            if p.rank is None and p.local_rank is not None and p.role == ROLE_RANK:
+                p.rank = p.local_rank
+                p.meta.setdefault("rank_from", "local rank (one host)")
+
+    by_pid: Dict[Tuple[Optional[str], int], Process] = {}
+    for p in job.processes:
+        if p.pid is not None and p.role != ROLE_WORKER:
+            by_pid.setdefault((p.host, p.pid), p)
+    for p in job.processes:
+        if p.role == ROLE_WORKER and p.ppid is not None:
+            parent = by_pid.get((p.host, p.ppid))
+            if parent is not None and parent.rank is not None:
+                p.parent_rank = parent.rank
+
+    sizes = [p.meta["world_size"] for p in job.processes if isinstance(p.meta.get("world_size"), int)]
+    if rmap:
+        sizes.append(max(rmap.values()) + 1)
+    for r in job.records:
+        sizes.append(r.rank + 1)
+        if r.group_ranks:
+            sizes.append(max(r.group_ranks) + 1)
+    records = _optional("hangdoc.readers.records")
+    if records is not None and hasattr(records, "world_size"):
+        for s in job.sources:
+            if s.records and "hangdoc-records" in s.formats:
+                try:
+                    ws = records.world_size(s.path)
+                except Exception:
+                    ws = None
+                if isinstance(ws, int):
+                    sizes.append(ws)
+    job.world_size = max(sizes) if sizes else None

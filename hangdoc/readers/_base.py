@@ -1,0 +1,196 @@
+"""What every stack reader shares: the line stream, the per-file context, the frame caches.
+
+A dump file is read once, line by line, in binary, so a file of ten million lines costs memory for
+one line at a time. The format readers are *push* parsers: the dispatcher in
+:mod:`hangdoc.readers` feeds each line to the block parser that is active for the line's channel
+(a channel is one prefix such as ``[rank3]:``, so interleaved lines of several processes are taken
+apart), and a parser says whether the line was its own. That keeps per-block format detection,
+several formats per file and interleaving in one loop.
+
+Speed comes from caches: a raw frame line maps to its :class:`~hangdoc.model.Frame` (the same line
+text repeats across thousands of ranks), and a thread's tuple of raw lines maps to one interned
+tuple of frames, so identical stacks share one tuple and memory grows with distinct stacks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
+
+from hangdoc.analysis.normalize import normalize_file
+from hangdoc.model import Frame, ParseError, Process, Source, Thread
+
+#: a line longer than this is cut (and reported once per file): binary garbage has no newlines.
+MAX_LINE = 1 << 16
+
+
+class Interner:
+    """Caches shared by all files of one ``read_paths`` call.
+
+    ``stacks`` maps a thread's raw lines (as a tuple of the strings the dump printed, tagged with
+    the format) to its tuple of frames: a hit costs one hash of strings whose hashes Python caches,
+    and every process with that stack shares the tuple.
+    """
+
+    def __init__(self) -> None:
+        self.frames: Dict[object, Optional[Frame]] = {}
+        self.stacks: Dict[Tuple[object, ...], Tuple[Frame, ...]] = {}
+        self.strings: Dict[str, str] = {}
+
+    def stack(self, key: Tuple[object, ...], build: Callable[[], Tuple[Frame, ...]]) -> Tuple[Frame, ...]:
+        s = self.stacks.get(key)
+        if s is None:
+            s = self.stacks[key] = build()
+        return s
+
+    def string(self, s: str) -> str:
+        return self.strings.setdefault(s, s)
+
+
+def make_frame(function: str, file: str, line: Optional[int], native: bool = False,
+               locals: Tuple[Tuple[str, str], ...] = ()) -> Frame:
+    return Frame(function=function, file=normalize_file(file) if file else "", line=line, native=native, locals=locals)
+
+
+class FileContext:
+    """What is known about one file while it is read: where processes go, the identity hints."""
+
+    def __init__(self, path: str, source: Source, interner: Interner) -> None:
+        self.path = path
+        self.source = source
+        self.interner = interner
+        self.processes: List[Process] = []
+        base = os.path.basename(path)
+        self.host_from_name, self.rank_from_name, self.pid_from_name = identity_from_name(base)
+        self._errors_seen: Dict[str, int] = {}
+        #: the number of the last line when it has no newline (the file was cut off mid-line)
+        self.cut_off = 0
+
+    def error(self, line: int, message: str) -> None:
+        # one ParseError per problem: the same message on many lines is reported once, with a count
+        # added to the first one at the end of the file (see finish()).
+        n = self._errors_seen.get(message)
+        if n is not None:
+            self._errors_seen[message] = n + 1
+            return
+        self._errors_seen[message] = 1
+        self.source.errors.append(ParseError(self.path, line, message))
+
+    def finish(self) -> None:
+        repeated = {m: n for m, n in self._errors_seen.items() if n > 1}
+        if not repeated:
+            return
+        for i, e in enumerate(self.source.errors):
+            if e.message in repeated:
+                self.source.errors[i] = ParseError(e.source, e.line, f"{e.message} (and {repeated[e.message] - 1} more like it)")
+
+    def add(self, process: Process) -> None:
+        process.source = self.path
+        if process.format and process.format not in self.source.formats:
+            self.source.formats.append(process.format)
+        self.processes.append(process)
+
+
+_TRACE_NAME_RE = re.compile(r"^trace-(.+?)\.(?:out|txt|log)$")
+_HANGDOC_NAME_RE = re.compile(r"^(?:stacks|trace|collectives)-(.+)-r(\d+)-(\d+)\.(?:txt|jsonl|out)$")
+_RANK_NAME_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^\d]|$)", re.I)
+
+
+def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    """(host, rank, pid) that a file's name says.
+
+    ``stacks-node1-r3-42.txt`` (hangdoc's own) → ``('node1', 3, 42)``; ``trace-node7.out`` (as
+    ``srun --output=trace-%N.out`` writes it) → ``('node7', None, None)``; ``stderr-rank2.log`` →
+    ``(None, 2, None)``.
+
+    >>> identity_from_name("trace-node7.out")
+    ('node7', None, None)
+    >>> identity_from_name("stacks-iam01-r12-4242.txt")
+    ('iam01', 12, 4242)
+    >>> identity_from_name("stderr-rank2.log")
+    (None, 2, None)
+    """
+    m = _HANGDOC_NAME_RE.match(base)
+    if m:
+        return m.group(1), int(m.group(2)), int(m.group(3))
+    m = _TRACE_NAME_RE.match(base)
+    if m:
+        return m.group(1), None, None
+    m = _RANK_NAME_RE.search(base)
+    if m:
+        return None, int(m.group(1)), None
+    return None, None, None
+
+
+def lines(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> Iterator[Tuple[int, str]]:
+    """``(line number, text without the newline)`` of a file, decoded one line at a time.
+
+    Bytes that are not UTF-8 are replaced (U+FFFD) and reported once per file, with the first line
+    they occur on; lines longer than :data:`MAX_LINE` bytes are cut and reported once. When the last
+    line has no newline, ``ctx.cut_off`` is set (a dump that was still being written).
+    """
+    if fileobj is None:
+        try:
+            f: BinaryIO = open(path, "rb")
+        except OSError as e:
+            ctx.error(0, f"cannot read: {e.strerror or e}")
+            return
+    else:
+        f = fileobj
+    bad_utf8 = long_line = False
+    n = 0
+    with f:
+        readline = f.readline
+        while True:
+            try:
+                raw = readline(MAX_LINE)
+            except OSError as e:
+                ctx.error(n + 1, f"read error: {e.strerror or e}")
+                return
+            if not raw:
+                return
+            n += 1
+            if not raw.endswith(b"\n"):
+                ctx.cut_off = n
+            if len(raw) == MAX_LINE and not raw.endswith(b"\n"):
+                # the rest of an over-long line is skipped, a chunk at a time
+                while True:
+                    more = readline(MAX_LINE)
+                    if not more or more.endswith(b"\n"):
+                        break
+                if not long_line:
+                    ctx.error(n, f"line longer than {MAX_LINE} bytes, cut")
+                    long_line = True
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", "replace")
+                if not bad_utf8:
+                    ctx.error(n, "bytes that are not UTF-8 (replaced; first such line)")
+                    bad_utf8 = True
+            if "\x00" in text:
+                text = text.replace("\x00", "")
+            yield n, text.rstrip("\r\n")
+
+
+class BlockParser:
+    """A push parser for one block (one or more processes) of one format.
+
+    ``feed`` returns False for a line that is not part of the block (the dispatcher then ends the
+    block and looks at the line afresh); ``close`` returns the finished processes.
+    """
+
+    format = ""
+
+    def __init__(self, ctx: FileContext, lineno: int) -> None:
+        self.ctx = ctx
+        self.start = lineno
+
+    def feed(self, lineno: int, line: str) -> bool:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> List[Process]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+

@@ -1,0 +1,166 @@
+"""gdb ``thread apply all bt`` output (``gdb -p PID -batch -ex "thread apply all bt"``).
+
+::
+
+    Thread 2 (Thread 0x7f46d083e6c0 (LWP 18070) "gloo_tcp_loop"):
+    #0  0x00007f1853326f36 in epoll_wait (epfd=6, events=0x7f18, maxevents=64, timeout=10) at ../sysdeps/unix/sysv/linux/epoll_wait.c:30
+    #1  0x00007f1844d7d62d in gloo::transport::tcp::Loop::run() () from /x/torch/lib/libtorch_cpu.so
+
+    Thread 1 (Thread 0x7f46f006db80 (LWP 18005) "python"):
+    #0  __futex_abstimed_wait_common64 (private=0, ...) at ./nptl/futex-internal.c:57
+    ...
+    [Inferior 1 (process 18005) detached]
+
+All frames are C frames (``native``), printed innermost first (stored outermost first). The
+function keeps its C++ signature when gdb prints one; the file is the source file (``at
+file:line``, with its line) or the library's base name (``from lib.so``). gdb numbers threads
+downwards and ends with thread 1, the main thread, whose LWP is the pid; ``[Inferior 1 (process
+N) detached]`` names the pid too. gdb's chatter (``[New LWP ...]``, warnings) is skipped.
+
+    >>> from hangdoc.readers import read_text
+    >>> job = read_text('''Thread 1 (Thread 0x7f46f006db80 (LWP 18005) "python"):
+    ... #0  0x00007f18 in epoll_wait (epfd=6) at ../sysdeps/unix/sysv/linux/epoll_wait.c:30
+    ... #1  0x00007f18 in gloo::transport::tcp::Loop::run() () from /x/libtorch_cpu.so
+    ... ''')
+    >>> p = job.processes[0]
+    >>> (p.pid, [f.label() for f in p.main_thread.frames])
+    (18005, ['gloo::transport::tcp::Loop::run() (libtorch_cpu.so)', 'epoll_wait (../sysdeps/unix/sysv/linux/epoll_wait.c:30)'])
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Optional, Tuple
+
+from hangdoc.model import Frame, Process, Thread
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
+
+FORMAT = "gdb"
+
+_THREAD_RE = re.compile(r'^Thread (\d+) \((?:Thread (0x[0-9a-fA-F]+) )?\(?LWP (\d+)\)?(?: "(.*)")?\)?:\s*$')
+_FRAME_NO_RE = re.compile(r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.*)$")
+_INFERIOR_RE = re.compile(r"^\[Inferior \d+ \(process (\d+)\) detached\]")
+_AT_RE = re.compile(r"^(.*) at (\S+):(\d+)$")
+_FROM_RE = re.compile(r"^(.*) from (\S+)$")
+
+
+def starts(line: str) -> bool:
+    return line.startswith("Thread ") and "LWP" in line and bool(_THREAD_RE.match(line))
+
+
+def _strip_args(text: str) -> str:
+    """``func (a=1, b=(x)) `` → ``func``: drop the last balanced parenthesised group."""
+    text = text.rstrip()
+    if not text.endswith(")"):
+        return text
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        c = text[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                return text[:i].rstrip() or text
+    return text
+
+
+def parse_frame_line(text: str) -> Optional[Frame]:
+    m = _FRAME_NO_RE.match(text)
+    if not m:
+        return None
+    rest = m.group(2)
+    file, line = "", None
+    am = _AT_RE.match(rest)
+    if am:
+        rest, file, line = am.group(1), am.group(2), int(am.group(3))
+    else:
+        fm = _FROM_RE.match(rest)
+        if fm:
+            rest, file = fm.group(1), os.path.basename(fm.group(2))
+    function = _strip_args(rest)
+    return make_frame(function, file, line, native=True)
+
+
+class GdbParser(BlockParser):
+    format = FORMAT
+
+    def __init__(self, ctx: FileContext, lineno: int) -> None:
+        super().__init__(ctx, lineno)
+        self.processes: List[Process] = []
+        self.threads: List[Thread] = []
+        self._thread: Optional[Tuple[str, str, Optional[str]]] = None
+        self._raw: List[str] = []
+        self.process_start = lineno
+        self.last_number: Optional[int] = None
+
+    def feed(self, lineno: int, line: str) -> bool:
+        if line.startswith("#"):
+            if self._thread is None:
+                return False
+            self._raw.append(line)
+            return True
+        if line.startswith("Thread "):
+            m = _THREAD_RE.match(line)
+            if not m:
+                return False
+            self._end_thread()
+            number = int(m.group(1))
+            if self.last_number is not None and number >= self.last_number:
+                self._end_process(None)  # numbering starts again: another process
+            if not self.threads:
+                self.process_start = lineno
+            self.last_number = number
+            self._thread = (m.group(1), m.group(3), m.group(4))
+            return True
+        if line.startswith("[Inferior "):
+            m = _INFERIOR_RE.match(line)
+            self._end_thread()
+            self._end_process(int(m.group(1)) if m else None)
+            return True
+        if not line.strip():
+            self._end_thread()
+            return True
+        if line.startswith(("    ", "\t")) and self._thread is not None:
+            return True  # a wrapped argument list
+        return False
+
+    def _end_thread(self) -> None:
+        if self._thread is None:
+            return
+        number, lwp, name = self._thread
+        raw, self._raw, self._thread = self._raw, [], None
+        cache = self.ctx.interner.frames
+
+        def build():
+            out = []
+            for text in raw:
+                # the address and the argument values differ from process to process; the cache
+                # key is the line without them where it can be had cheaply
+                f = cache.get(text)
+                if f is None and text not in cache:
+                    f = cache[text] = parse_frame_line(text)
+                if f is not None:
+                    out.append(f)
+            out.reverse()
+            return tuple(out)
+
+        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw), build)
+        self.threads.append(Thread(ident=lwp, name=name, frames=frames, is_main=number == "1"))
+
+    def _end_process(self, pid: Optional[int]) -> None:
+        self.last_number = None
+        if not self.threads:
+            return
+        if pid is None:
+            main = next((t for t in self.threads if t.is_main), None)
+            pid = int(main.ident) if main is not None and main.ident.isdigit() else None
+        p = Process(pid=pid, format=FORMAT, source_line=self.process_start, threads=self.threads)
+        self.processes.append(p)
+        self.threads = []
+
+    def close(self) -> List[Process]:
+        self._end_thread()
+        self._end_process(None)
+        return self.processes

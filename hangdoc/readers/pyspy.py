@@ -1,0 +1,318 @@
+"""py-spy ``dump`` output: plain, ``--native``, ``--locals``, ``--subprocesses``, ``--json``, errors.
+
+Plain text, one process::
+
+    Process 12610: /usr/bin/python -u train.py
+    Python v3.11.7 (/usr/bin/python3.11)
+
+    Thread 12610 (idle): "MainThread"
+        broadcast (torch/distributed/distributed_c10d.py:3151)
+        _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)
+        main (train.py:43)
+        <module> (train.py:48)
+
+Frames are printed innermost first; they are stored outermost first. ``--native`` adds C/C++
+frames (``c10d::Work::wait (libtorch_cpu.so)``, ``0x7f18532a3f16 (libc.so.6)``: an address alone
+becomes ``??`` so that address-space randomisation does not split groups). ``--locals`` adds
+``Arguments:`` / ``Locals:`` blocks under a frame, kept on ``Frame.locals``. ``--subprocesses``
+adds ``Parent Process N: ...`` lines (the parent pid is kept) and dashed separators. When py-spy
+cannot read a process it prints ``Error: ...`` (with a Rust backtrace when ``RUST_BACKTRACE`` is
+set); that process is kept, with status ``unresponsive`` and the error as ``status_detail``.
+
+    >>> from hangdoc.readers import read_text
+    >>> job = read_text('''Process 7: python train.py
+    ... Python v3.11.7 (/usr/bin/python3.11)
+    ...
+    ... Thread 7 (active+gil): "MainThread"
+    ...     step (train.py:9)
+    ...     <module> (train.py:20)
+    ... ''')
+    >>> p = job.processes[0]
+    >>> (p.pid, p.main_thread.state, [f.function for f in p.main_thread.frames])
+    (7, 'active+gil', ['<module>', 'step'])
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import List, Optional, Tuple
+
+from hangdoc.model import STATUS_OK, STATUS_UNRESPONSIVE, Frame, Process, Thread
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
+
+FORMAT = "py-spy"
+FORMAT_JSON = "py-spy-json"
+
+_PROCESS_RE = re.compile(r"^Process (\d+): ?(.*)$")
+_PARENT_RE = re.compile(r"^Parent Process (\d+): ?(.*)$")
+_THREAD_RE = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([a-z+]*)\)(?:: "(.*)")?\s*$')
+_PYTHON_VERSION_RE = re.compile(r"^Python v(\d+\.\d+\S*)")
+_ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]+$")
+_ERROR_PREFIXES = ("Error: ", "error: ")
+
+
+def _is_python_file(file: str) -> bool:
+    return file.endswith(".py") or file.startswith("<")
+
+
+def parse_frame_line(text: str) -> Optional[Frame]:
+    """``function (file:line)`` or ``function (library)`` (already stripped of its indentation)."""
+    if not text.endswith(")"):
+        return None
+    cut = text.rfind(" (")
+    if cut <= 0:
+        return None
+    function, where = text[:cut], text[cut + 2:-1]
+    file, line = where, None
+    colon = where.rfind(":")
+    if colon > 0 and where[colon + 1:].isdigit():
+        file, line = where[:colon], int(where[colon + 1:])
+    native = not _is_python_file(file)
+    if native and _ADDRESS_RE.match(function):
+        function = "??"
+    return make_frame(function, file, line, native)
+
+
+def starts(line: str) -> bool:
+    """Does ``line`` open a py-spy block?"""
+    if line.startswith("Process ") and _PROCESS_RE.match(line):
+        return True
+    if line.startswith("Thread ") and _THREAD_RE.match(line):
+        return True
+    return line.startswith(_ERROR_PREFIXES) and ("stack trace" in line or "py-spy" in line or "process" in line.lower())
+
+
+class PySpyParser(BlockParser):
+    """One process of plain py-spy output (the dispatcher starts a new parser per ``Process`` line)."""
+
+    format = FORMAT
+
+    def __init__(self, ctx: FileContext, lineno: int) -> None:
+        super().__init__(ctx, lineno)
+        self.process = Process(format=FORMAT, source_line=lineno)
+        self.threads: List[Thread] = []
+        self._thread: Optional[Tuple[str, Optional[str], Optional[str]]] = None
+        self._raw: List[str] = []
+        self._seen_header = False
+        self._in_error = False
+        self._error_lines: List[str] = []
+
+    def feed(self, lineno: int, line: str) -> bool:
+        if line.startswith("    "):
+            if self._in_error:
+                self._error_lines.append(line.strip())
+                return True
+            if self._thread is None:
+                return False
+            self._raw.append(line)
+            return True
+        if line.startswith("Thread "):
+            m = _THREAD_RE.match(line)
+            if m:
+                self._end_thread()
+                self._in_error = False
+                self._thread = (m.group(1), m.group(3), m.group(2) or None)
+                return True
+            return False
+        if not line.strip():
+            self._end_thread()
+            return True
+        if line.startswith("Process "):
+            m = _PROCESS_RE.match(line)
+            if not m or self._seen_header or self.threads or self._thread or self._in_error:
+                return False  # the next process
+            self._seen_header = True
+            self.process.pid = int(m.group(1))
+            self.process.command = self.ctx.interner.string(m.group(2).strip())
+            return True
+        if line.startswith("Python v") and self._seen_header and not self.threads:
+            m = _PYTHON_VERSION_RE.match(line)
+            if m:
+                self.process.meta["python"] = self.ctx.interner.string(m.group(1))
+            return True
+        if line.startswith("Parent Process "):
+            m = _PARENT_RE.match(line)
+            if m and self._seen_header and not self.threads:
+                self.process.ppid = int(m.group(1))
+                return True
+            return False
+        if line.startswith("-" * 20) and not line.strip("-"):
+            # --subprocesses separates processes with a dashed line: it ends this one
+            self._end_thread()
+            return True
+        if line.startswith(_ERROR_PREFIXES):
+            if self.threads or self._thread:
+                return False
+            self._in_error = True
+            self._error_lines.append(line.strip())
+            return True
+        if self._in_error:
+            # py-spy's error report: "Reason: ...", "Caused by:", "Stack backtrace:", numbered frames
+            if line[:1] in (" ", "\t") or line.startswith(("Reason:", "Caused by:", "Stack backtrace:")):
+                self._error_lines.append(line.strip())
+                return True
+            return False
+        return False
+
+    def _end_thread(self) -> None:
+        if self._thread is None:
+            return
+        ident, name, state = self._thread
+        raw = self._raw
+        self._thread, self._raw = None, []
+        interner = self.ctx.interner
+        frames = interner.stack((FORMAT,) + tuple(raw), lambda: self._build(raw))
+        is_main = name == "MainThread"
+        self.threads.append(Thread(ident=ident, name=name, frames=frames, state=state, is_main=is_main))
+
+    def _build(self, raw: List[str]) -> Tuple[Frame, ...]:
+        frames: List[Frame] = []
+        cache = self.ctx.interner.frames
+        pending: List[Tuple[str, str]] = []
+        section = None
+        for text in raw:
+            if text.startswith("        "):
+                body = text.strip()
+                if text.startswith("            ") and frames and section is not None:
+                    name, sep, value = body.partition(": ")
+                    if not sep and body.endswith(":"):
+                        name, value = body[:-1], ""
+                    pending.append((name, value))
+                    continue
+                if body in ("Arguments:", "Locals:"):
+                    section = body
+                    continue
+                continue  # any other deeper line: py-spy's continuation of a long value
+            if pending:
+                frames[-1] = _with_locals(frames[-1], pending)
+                pending = []
+            section = None
+            key = text
+            f = cache.get(key)
+            if f is None and key not in cache:
+                f = cache[key] = parse_frame_line(text.strip())
+            if f is None:
+                continue
+            frames.append(f)
+        if pending and frames:
+            frames[-1] = _with_locals(frames[-1], pending)
+        frames.reverse()
+        return tuple(frames)
+
+    def close(self) -> List[Process]:
+        self._end_thread()
+        p = self.process
+        p.threads = self.threads
+        if self._error_lines:
+            p.status = STATUS_UNRESPONSIVE
+            p.status_detail = self._error_lines[0]
+            p.meta["error"] = "\n".join(self._error_lines[:40])
+        elif not self.threads:
+            if not self._seen_header:
+                return []
+            p.status = STATUS_UNRESPONSIVE
+            p.status_detail = "py-spy printed no threads"
+        if p.pid is None and self.threads:
+            main = p.main_thread
+            if main is not None and main.ident.isdigit():
+                p.pid = int(main.ident)  # py-spy's thread id is the OS one; the main thread's is the pid
+        if p.status == STATUS_OK and self.threads and not any(t.is_main for t in self.threads):
+            for t in self.threads:
+                if p.pid is not None and t.ident == str(p.pid):
+                    t.is_main = True
+        for t in self.threads:
+            if t.frames:
+                break
+        return [p]
+
+
+def _with_locals(frame: Frame, pairs: List[Tuple[str, str]]) -> Frame:
+    return Frame(function=frame.function, file=frame.file, line=frame.line, native=frame.native, locals=tuple(pairs))
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+#: a py-spy JSON dump longer than this many lines is not one (a runaway block would eat memory).
+MAX_JSON_LINES = 500_000
+
+
+def starts_json(line: str) -> bool:
+    return line == "[" or line.startswith('[{"pid"') or line.startswith('[ {')
+
+
+class PySpyJsonParser(BlockParser):
+    """``py-spy dump --json``: one JSON array of threads per process, printed over many lines."""
+
+    format = FORMAT_JSON
+
+    def __init__(self, ctx: FileContext, lineno: int) -> None:
+        super().__init__(ctx, lineno)
+        self.buf: List[str] = []
+        self.done = False
+        self.processes: List[Process] = []
+
+    def feed(self, lineno: int, line: str) -> bool:
+        if self.done:
+            return False
+        self.buf.append(line)
+        if line.rstrip() == "]" or (len(self.buf) == 1 and line.rstrip().endswith("]")):
+            self._parse(lineno)
+            self.done = True
+        elif len(self.buf) > MAX_JSON_LINES:
+            self.ctx.error(self.start, f"py-spy JSON dump longer than {MAX_JSON_LINES} lines; skipped")
+            self.buf = []
+            self.done = True
+        return True
+
+    def _parse(self, lineno: int) -> None:
+        text = "\n".join(self.buf)
+        self.buf = []
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            self.ctx.error(self.start, f"bad py-spy JSON: {e}")
+            return
+        if not isinstance(data, list):
+            self.ctx.error(self.start, "bad py-spy JSON: not a list of threads")
+            return
+        p = Process(format=FORMAT_JSON, source_line=self.start)
+        interner = self.ctx.interner
+        for t in data:
+            if not isinstance(t, dict):
+                self.ctx.error(self.start, "bad py-spy JSON: a thread is not an object")
+                continue
+            if p.pid is None and isinstance(t.get("pid"), int):
+                p.pid = t["pid"]
+            frames: List[Frame] = []
+            for fr in t.get("frames") or ():
+                if not isinstance(fr, dict):
+                    continue
+                name = str(fr.get("name") or "??")
+                file = str(fr.get("filename") or fr.get("short_filename") or "")
+                line_no = fr.get("line") if isinstance(fr.get("line"), int) else None
+                native = bool(file) and not _is_python_file(file)
+                if native and _ADDRESS_RE.match(name):
+                    name = "??"
+                locs: Tuple[Tuple[str, str], ...] = ()
+                if isinstance(fr.get("locals"), list):
+                    locs = tuple((str(v.get("name")), str(v.get("repr"))) for v in fr["locals"] if isinstance(v, dict))
+                key = ("json", name, file, line_no, native)
+                f = interner.frames.get(key)
+                if f is None:
+                    f = interner.frames[key] = make_frame(name, file, line_no, native)
+                frames.append(_with_locals(f, list(locs)) if locs else f)
+            frames.reverse()
+            fr_t = tuple(frames)
+            fr_t = interner.stack(("json",) + tuple((f, f.locals) for f in fr_t), lambda: fr_t)
+            active, gil = t.get("active"), t.get("owns_gil")
+            state = None if active is None else ("idle" if not active else ("active+gil" if gil else "active"))
+            ident = t.get("os_thread_id") or t.get("thread_id") or ""
+            name = t.get("thread_name")
+            p.threads.append(Thread(ident=str(ident), name=name, frames=fr_t, state=state, is_main=name == "MainThread"))
+        self.processes.append(p)
+
+    def close(self) -> List[Process]:
+        if not self.done and self.buf:
+            self.ctx.error(self.start, "py-spy JSON dump cut off (no closing ']')")
+        return self.processes

@@ -1,0 +1,132 @@
+"""pystack ``remote PID`` / ``core FILE`` output, with or without ``--native``.
+
+::
+
+    Traceback for thread 12610 (python) [Has the GIL] (most recent call last):
+        (C) File "???", line 0, in _start (/usr/bin/python3.11)
+        (Python) File "/work/train.py", line 23, in sync_params
+            dist.broadcast(params, src=0)
+        (C) File "???", line 0, in c10d::Work::wait(std::chrono::duration<long, std::ratio<1l, 1000l> >) (/x/libtorch_cpu.so)
+
+Frames are printed outermost first, as they are stored. A C frame's file is its library's base name
+(the source file of a C frame says little about where a hang is), its line is dropped, and
+``(inlined)`` is taken off the name. pystack prints a process's threads newest first, the main
+thread last: the thread whose stack starts in ``_start``/``<module>`` (or whose id is the pid)
+ends its process, and its thread id is the pid. The ``[...]`` after the thread name (``Has the
+GIL``, ``Dropped the GIL``, ``Garbage collecting``) is kept as the thread's state.
+
+    >>> from hangdoc.readers import read_text
+    >>> job = read_text('''Traceback for thread 42 (python) [] (most recent call last):
+    ...     (Python) File "/w/train.py", line 9, in <module>
+    ...         main()
+    ...     (Python) File "/w/train.py", line 5, in main
+    ...         time.sleep(100)
+    ... ''')
+    >>> p = job.processes[0]
+    >>> (p.pid, [f.function for f in p.main_thread.frames])
+    (42, ['<module>', 'main'])
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Optional, Tuple
+
+from hangdoc.model import Frame, Process, Thread
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
+
+FORMAT = "pystack"
+
+_HEADER_RE = re.compile(r"^Traceback for thread (\d+) \(([^)]*)\) \[([^\]]*)\] \(most recent call last\):\s*$")
+_FRAME_RE = re.compile(r'^    \((Python|C)\) File "(.*?)", line (-?\d+|\?\?\?), in (.*)$')
+_LIB_RE = re.compile(r"^(.*) \(([^()]*)\)$")
+_ENTRY_NATIVE = ("_start", "__libc_start_main", "Py_BytesMain", "Py_RunMain")
+
+
+def starts(line: str) -> bool:
+    return line.startswith("Traceback for thread ") and bool(_HEADER_RE.match(line))
+
+
+def parse_frame_line(text: str) -> Optional[Frame]:
+    m = _FRAME_RE.match(text)
+    if not m:
+        return None
+    kind, file, line, function = m.groups()
+    if kind == "Python":
+        return make_frame(function, file, int(line) if line.lstrip("-").isdigit() else None)
+    lib = ""
+    lm = _LIB_RE.match(function)
+    if lm:
+        function, lib = lm.group(1), os.path.basename(lm.group(2))
+    if function.endswith(" (inlined)"):
+        function = function[: -len(" (inlined)")]
+    return make_frame(function, lib or file, None, native=True)
+
+
+class PystackParser(BlockParser):
+    format = FORMAT
+
+    def __init__(self, ctx: FileContext, lineno: int) -> None:
+        super().__init__(ctx, lineno)
+        self.processes: List[Process] = []
+        self.threads: List[Thread] = []
+        self._thread: Optional[Tuple[str, str, str]] = None
+        self._raw: List[str] = []
+        self.process_start = lineno
+
+    def feed(self, lineno: int, line: str) -> bool:
+        if line.startswith("    "):
+            if self._thread is None:
+                return False
+            if line.startswith("    (") :
+                self._raw.append(line)
+            return True  # source lines under a Python frame, locals with --locals
+        if line.startswith("Traceback for thread "):
+            m = _HEADER_RE.match(line)
+            if not m:
+                return False
+            self._end_thread(lineno)
+            if not self.threads:
+                self.process_start = lineno
+            self._thread = m.groups()
+            return True
+        if not line.strip():
+            return True
+        return False
+
+    def _end_thread(self, lineno: int) -> None:
+        if self._thread is None:
+            return
+        tid, name, state = self._thread
+        raw, self._raw, self._thread = self._raw, [], None
+        cache = self.ctx.interner.frames
+
+        def build():
+            out = []
+            for text in raw:
+                f = cache.get(text)
+                if f is None and text not in cache:
+                    f = cache[text] = parse_frame_line(text)
+                if f is not None:
+                    out.append(f)
+            return tuple(out)
+
+        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw), build)
+        main = bool(frames) and (frames[0].function == "<module>" or (frames[0].native and frames[0].function in _ENTRY_NATIVE))
+        t = Thread(ident=tid, name=name or None, frames=frames, state=state or None, is_main=main)
+        self.threads.append(t)
+        if main:
+            self._end_process(int(tid))
+
+    def _end_process(self, pid: Optional[int]) -> None:
+        if not self.threads:
+            return
+        p = Process(pid=pid, format=FORMAT, source_line=self.process_start, threads=self.threads)
+        self.processes.append(p)
+        self.threads = []
+
+    def close(self) -> List[Process]:
+        self._end_thread(0)
+        self._end_process(None)
+        return self.processes
