@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         say.info("hangdoc demo: interrupted")
     finally:
         say.stop()
-        _kill_job(proc)
+        stop_job(proc)
     elapsed = time.monotonic() - started
     report = os.path.join(out, "report.txt")
     if verdict.is_set() and os.path.exists(report):
@@ -168,11 +168,12 @@ def _descendants(pid: int) -> List[int]:
     return [p for p in tree(pid, infos) if p != pid]
 
 
-def _kill_job(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    """Stop torchrun and every process under it (the ranks run in sessions of their own)."""
-    if proc.poll() is not None and not _descendants(proc.pid):
-        return
+def stop_job(proc: subprocess.Popen, grace: float = 3.0) -> List[int]:
+    """Stop torchrun and every process under it (the ranks run in sessions of their own, so
+    killing torchrun's process group is not enough); returns the pids it found under it."""
     pids = _descendants(proc.pid)
+    if proc.poll() is not None and not pids:
+        return []
     for target in [proc.pid] + pids:
         _signal(target, signal.SIGTERM)
     try:
@@ -191,6 +192,7 @@ def _kill_job(proc: subprocess.Popen, grace: float = 3.0) -> None:
     except subprocess.TimeoutExpired:
         pass
     _reap(pids, grace)
+    return pids
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -204,11 +206,11 @@ def _reap(pids: List[int], timeout: float) -> None:
     # the ranks are torchrun's children; once torchrun is gone they are re-parented and reaped
     # by init, so wait until /proc no longer lists them
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rsplit(b")", 1)[1].split()[0]

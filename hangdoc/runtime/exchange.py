@@ -205,6 +205,8 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
             _say(f"hangdoc watchdog: store unreachable ({type(e).__name__}); using files in {dog.out_dir}")
             _store_failed()
             store = None
+    elif ident.world_size > 1:
+        _say(f"hangdoc watchdog: no torch.distributed store; using files in {dog.out_dir}")
 
     world = max(1, ident.world_size)
     if ident.rank > 0 and world > 1:

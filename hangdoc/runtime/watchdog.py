@@ -129,6 +129,7 @@ class Watchdog:
         report: bool = True,
         record: bool = True,
         redump_factor: float = 4.0,
+        startup_grace: float = 60.0,
     ) -> None:
         if not hang_timeout or hang_timeout <= 0:
             raise ValueError(f"hang_timeout must be > 0, got {hang_timeout!r}")
@@ -138,6 +139,10 @@ class Watchdog:
         self.report = report
         self.record = record
         self.redump_factor = redump_factor
+        # Until the first progress the process is still importing torch and meeting the other
+        # ranks: that can take longer than a short timeout without being a hang.
+        self.startup_grace = max(self.hang_timeout, startup_grace)
+        self._armed = False
         # Often enough that the dump comes well within the 5 s budget after the timeout, rarely
         # enough that the thread costs nothing: at most 4 wake-ups a second.
         self.poll = min(0.25, max(0.02, self.hang_timeout / 20))
@@ -234,6 +239,7 @@ class Watchdog:
                 # the recorder knows the completion time more precisely than our polling does
                 self.last_progress_wall -= now - rec_last
                 self.last_progress = rec_last
+            self._armed = True
             if self._stalled:
                 self._stalled = False
                 self._recovered()
@@ -243,7 +249,8 @@ class Watchdog:
 
             exchange.prepare()
             self._store_ready = exchange.prepared()
-        if not self._stalled and now - self.last_progress >= self.hang_timeout:
+        limit = self.hang_timeout if self._armed else self.startup_grace
+        if not self._stalled and now - self.last_progress >= limit:
             self._stalled = True
             self.stalls += 1
             self._next_dump = now + self.redump_factor * self.hang_timeout

@@ -1,0 +1,108 @@
+"""A real hung torchrun job (gloo, 4 ranks) under ``python -m hangdoc --hang-timeout``: every rank
+dumps, the lowest rank prints a verdict naming the rank that skipped the broadcast, ``hangdoc dump``
+reads the same hung job from outside, and every process is gone afterwards."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hangdoc import examples
+from hangdoc.cli.demo import alive, stop_job
+from hangdoc.tags import parse_tag
+from tests.procs import env_for, torchrun_cmd
+
+pytest.importorskip("torch.distributed")
+
+TIMEOUT = 3
+
+
+class Job:
+    """A torchrun job whose merged output is read line by line in the background."""
+
+    def __init__(self, cmd, env=None):
+        self.lines = []
+        self.proc = subprocess.Popen(cmd, env=env_for(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(re.search(pattern, line) for line in self.lines):
+                return True
+            if self.proc.poll() is not None:
+                time.sleep(0.2)
+                return any(re.search(pattern, line) for line in self.lines)
+            time.sleep(0.1)
+        return False
+
+    @property
+    def log(self):
+        return "\n".join(self.lines)
+
+
+@pytest.fixture(scope="module")
+def hung_job(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("out"))
+    cmd = torchrun_cmd(4, "hangdoc", "--hang-timeout", str(TIMEOUT), "--out", out, examples.path("skip_broadcast"), module=True)
+    job = Job(cmd)
+    job.out = out
+    try:
+        job.verdict = job.wait_for(r"hangdoc: full report:", 60)
+        yield job
+    finally:
+        pids = stop_job(job.proc)
+        job.leftover = [p for p in pids if alive(p)]
+
+
+def test_every_rank_dumps_and_rank0_names_the_culprit(hung_job):
+    assert hung_job.verdict, hung_job.log
+    names = os.listdir(hung_job.out)
+    for rank in range(4):
+        assert any(re.match(rf"stacks-.*-r{rank}-\d+\.txt$", n) for n in names), names
+        assert any(re.match(rf"collectives-.*-r{rank}-\d+\.jsonl$", n) for n in names), names
+    # the verdict is printed once, by rank 0, with the [host:rank] prefix, and blames rank 3
+    verdicts = [line for line in hung_job.lines if "hangdoc: VERDICT:" in line]
+    assert len(verdicts) == 1, hung_job.log
+    assert re.match(r"^\[[\w.-]+:0\] hangdoc: VERDICT: \[collective-mismatch\]", verdicts[0]), verdicts
+    culprits = [line for line in hung_job.lines if "hangdoc:   culprit:" in line]
+    assert culprits and all(":0] " in c for c in culprits)
+    assert [re.search(r"culprit: rank (\d+)", c).group(1) for c in culprits] == ["3"], hung_job.log
+    report = json.load(open(os.path.join(hung_job.out, "report.json")))
+    assert report["processes"] == 4
+    assert [c["rank"] for c in report["findings"][0]["culprits"]] == [3]
+    assert os.path.getsize(os.path.join(hung_job.out, "report.txt")) > 0
+
+
+def test_hangdoc_dump_reads_the_hung_job_from_outside(hung_job, tmp_path):
+    assert hung_job.proc.poll() is None, "the job must still hang: the watchdog kills nothing"
+    trace = tmp_path / "trace-node.out"
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "dump", "--pid", str(hung_job.proc.pid), "-o", str(trace)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60, env=env_for())
+    assert r.returncode == 0, r.stderr
+    tags = [parse_tag(line) for line in trace.read_text().splitlines() if parse_tag(line)]
+    assert sorted(t["rank"] for t in tags if "rank" in t) == ["0", "1", "2", "3"]
+    assert [t.get("role") for t in tags if "rank" not in t] == ["launcher"]
+    assert all(t["world_size"] == "4" for t in tags if "rank" in t)
+    from hangdoc.readers import read_paths
+
+    job = read_paths([str(trace)])
+    assert sorted(p.rank for p in job.processes if p.rank is not None) == [0, 1, 2, 3]
+
+
+def test_all_processes_are_gone(hung_job):
+    # runs last: the fixture is torn down after the module, so stop the job here and check
+    pids = stop_job(hung_job.proc)
+    assert len(pids) >= 4
+    assert not [p for p in pids if alive(p)]
