@@ -100,13 +100,17 @@ class Wait:
         return self.category not in ("compute", "unknown")
 
     def place(self, with_line: bool = True) -> Tuple:
-        """A hashable key: same category, operation, waiting frame and call site = same place."""
-        def fk(f: Optional[Frame]) -> Tuple:
+        """A hashable key: same category, operation, waiting frame and call site = same place.
+
+        ``with_line=False`` ignores the line *inside* the waiting frame (the call site's line
+        always counts): ranks entering a collective and ranks blocked in it share a place.
+        """
+        def fk(f: Optional[Frame], line: bool) -> Tuple:
             if f is None:
                 return ()
-            return (f.function, f.file, f.line if with_line else None)
+            return (f.function, f.file, f.line if line else None)
 
-        return (self.category, self.op, fk(self.frame), fk(self.call_site), self.peer, self.root, self.detail)
+        return (self.category, self.op, fk(self.frame, with_line), fk(self.call_site, True), self.peer, self.root, self.detail)
 
     def describe(self) -> str:
         """``broadcast at _bcast_pipe_scalar (deepspeed/runtime/pipe/engine.py:542)``."""
@@ -204,11 +208,13 @@ SIGNATURES: List[_Row] = [
     ("collective", "gloo", r"gloo::.*", None, True, False),
     ("collective", "", r"nccl(AllReduce|Broadcast|AllGather|ReduceScatter|Reduce|Send|Recv)\b.*", None, True, False),
     ("collective", "nccl", r"ncclGroupEnd|ncclCommInitRank\w*|ncclCommAbort|ncclCommDestroy", None, True, False),
-    ("host-sync", "synchronize", r"cuda(Stream|Device|Event)Synchronize|cudaMemcpy|cudaMemcpy2D|cuStreamSynchronize|cuCtxSynchronize|cuEventSynchronize|cuMemcpyDtoH\w*|hipStreamSynchronize|hipDeviceSynchronize|hipMemcpy", None, True, False),
+    ("host-sync", "synchronize", r"cuda(Stream|Device|Event)Synchronize\w*|cudaMemcpy|cudaMemcpy2D|cu(Stream|Ctx|Event)Synchronize\w*|cuMemcpyDtoH\w*|hip(Stream|Device|Event)Synchronize\w*|hipMemcpy|c10::cuda::device_synchronize|THCPModule_cudaSynchronize|c10::cuda::stream_synchronize\w*", None, True, False),
     ("host-sync", "item", r"(at::native::)?_local_scalar_dense\w*|(at::)?_ops::_local_scalar_dense\b.*|THPVariable_item|at::Tensor::item\b.*", None, True, False),
     ("host-sync", "wait", r"(c10d::)?Work::wait\b.*|c10::ivalue::Future::wait\b.*", None, True, False),
     ("dataloader-worker", "worker", r"_worker_loop", None, True, False),
     ("lock", "lock", r"PyThread_acquire_lock\w*|acquire_timed|lock_PyThread_acquire_lock|pthread_mutex_\w*lock|pthread_cond_\w*wait|__pthread_cond_wait\w*|sem_\w*wait|__new_sem_wait\w*|do_futex_wait\w*|__futex_abstimed_wait\w*|futex_wait\w*|std::condition_variable::wait\w*|std::mutex::lock|take_gil|drop_gil|_PyMutex_LockTimed|PyMUTEX_LOCK|PyCOND_\w*WAIT", None, True, False),
+    # a process that signalled itself (os.kill(os.getpid(), SIGSTOP)) and is now stopped
+    ("sleep", "stopped by a signal", r"kill|tgkill|raise|pthread_kill|os_kill\w*|__pthread_kill\w*", None, True, False),
     ("sleep", "sleep", r"sleep|pysleep|time_sleep|_{0,2}clock_nanosleep\w*|_{0,2}nanosleep\w*|usleep|std::this_thread::sleep_for\b.*", None, True, False),
     ("io", "io", r"_{0,2}(libc_)?(select|poll|epoll_wait|epoll_pwait|recv|recvfrom|recvmsg|read|accept4?|connect|ppoll|pselect6?)\w*|select|poll|epoll_wait|recv|read|accept", None, True, False),
 ]

@@ -106,10 +106,13 @@ def who(procs: Sequence[Process]) -> str:
 
 
 def _culprits(procs: Iterable[Process]) -> List[Culprit]:
+    """Culprits of ``procs``, once each; a process with no host, pid or rank cannot be named."""
     seen: List[Culprit] = []
     have = set()
     for p in _sorted(procs):
         c = p.culprit()
+        if c.host is None and c.pid is None and c.rank is None:
+            continue
         if c not in have:
             have.add(c)
             seen.append(c)
@@ -158,7 +161,7 @@ class _Analysis:
         groups: Dict[Tuple, Tuple[Wait, List[Process]]] = {}
         for p in procs:
             w = self.w(p)
-            groups.setdefault(w.place(), (w, []))[1].append(p)
+            groups.setdefault(w.place(with_line=False), (w, []))[1].append(p)
         return sorted(((w, _sorted(ps)) for w, ps in groups.values()), key=lambda g: (-len(g[1]), g[0].describe()))
 
     def evidence_lines(self, procs: Sequence[Process]) -> List[str]:
@@ -239,7 +242,9 @@ class _Analysis:
             summary += f"; {who(waiting_for_it)} wait in collectives for {'it' if len(dl) == 1 else 'them'}"
         evidence = self.evidence_lines(dl + others)
         for q in _sorted(own):
-            evidence.append(f"worker {q.describe()}: {self.w(q).describe() if q.status == STATUS_OK else q.status}")
+            owner = f" of rank {q.parent_rank}" if q.parent_rank is not None else (f" of pid {q.ppid}" if q.ppid is not None else "")
+            evidence.append(f"DataLoader worker{owner} ({q.host or '?'} pid {q.pid if q.pid is not None else '?'}): "
+                            f"{self.w(q).describe() if q.status == STATUS_OK else q.status}")
         if not own:
             evidence.append("no DataLoader worker process was dumped, so what the workers are stuck in is not shown")
         advice = [
@@ -389,6 +394,19 @@ class _Analysis:
                 return
             if explained or self.in_category(["p2p"]):
                 return  # the unresponsive/missing or p2p findings already say what they wait for
+            lines = sorted({self.w(p).frame.line for p in ps if self.w(p).frame is not None and self.w(p).frame.line is not None})
+            if len(lines) > 1:
+                # Blocked ranks all sit on the one line that waits; other lines mean some are still entering.
+                self.out.append(Finding(
+                    "no-hang",
+                    f"{who(ps)} are in {w.describe()}, at different lines inside {w.frame.function}: the job looks like it is moving",
+                    [],
+                    [f"{who([p for p in ps if self.w(p).frame.line == n])}: {w.frame.function} line {n}" for n in lines] + loop_notes,
+                    ["Take a second dump a minute later: if every rank then sits on the same line of the collective, "
+                     "read it as a collective-wait (the hang is below Python)."],
+                    0.3,
+                ))
+                return
             self.out.append(Finding(
                 "collective-wait",
                 f"every rank waits in {w.describe()}: the hang is below Python",
