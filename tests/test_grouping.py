@@ -281,3 +281,14 @@ def test_large_job_groups_by_distinct_stacks():
     assert [(g.count, compress_ranks(g.ranks)) for g in report.groups] == [(19998, "0-999,1001-4999,5001-19999"), (1, "1000"), (1, "5000")]
     assert report.missing_ranks == [20000]
     assert len(report.tree.children[0].children) == 1
+
+
+def test_summary_of_a_c_only_stack_names_the_recognised_wait_not_libc():
+    gdb = (
+        Frame("_start", "", None, native=True),
+        Frame("_PyEval_EvalFrameDefault", "Python/ceval.c", 5000, native=True),
+        Frame("c10d::Work::wait(std::chrono::duration<long, std::ratio<1l, 1000l> >)", "libtorch_cpu.so", None, native=True),
+        Frame("std::condition_variable::wait(std::unique_lock<std::mutex>&)", "libstdc++.so.6", None, native=True),
+        Frame("__futex_abstimed_wait_common64", "./nptl/futex-internal.c", 57, native=True),
+    )
+    assert summarize(gdb) == "c10d::Work::wait (libtorch_cpu.so)"

@@ -310,7 +310,13 @@ def summarize(stack: Sequence[Frame], status: str = STATUS_OK, members: Sequence
     if not stack:
         return "no stack"
     plumbing = _load_is_plumbing()
-    python = [f for f in stack if not f.native] or list(stack)
+    prefix = f"{status}: " if status != STATUS_OK else ""
+    python = [f for f in stack if not f.native]
+    if not python:
+        native = _native_summary(stack)
+        if native:
+            return prefix + native
+        python = list(stack)
     inner_i = None
     for i in range(len(python) - 1, -1, -1):
         if not _safe(plumbing, python[i]):
@@ -319,13 +325,34 @@ def summarize(stack: Sequence[Frame], status: str = STATUS_OK, members: Sequence
     if inner_i is None:
         inner_i = len(python) - 1
     inner = python[inner_i]
-    prefix = f"{status}: " if status != STATUS_OK else ""
     if not is_library(inner):
         return prefix + _where(inner)
     for f in reversed(python[:inner_i]):
         if not is_library(f) and not _safe(plumbing, f):
             return f"{prefix}{inner.function} ← {_where(f)}"
     return prefix + _where(inner)
+
+
+def _native_summary(stack: Sequence[Frame]) -> str:
+    """For C-only stacks (gdb): the frame the diagnosis signatures recognise, not libc's futex wait."""
+    try:
+        from hangdoc.analysis.signatures import classify_stack
+
+        w = classify_stack(tuple(stack))
+    except Exception:  # signatures absent or confused: fall back to the plain rule
+        return ""
+    if w.frame is None:
+        return ""
+    text = _where(Frame(_strip_args(w.frame.function), w.frame.file, w.frame.line, True))
+    if w.call_site is not None and w.call_site is not w.frame:
+        text = f"{_strip_args(w.frame.function)} ← {_where(Frame(_strip_args(w.call_site.function), w.call_site.file, w.call_site.line))}"
+    return text
+
+
+def _strip_args(function: str) -> str:
+    """``c10d::Work::wait(std::chrono::duration<...>)`` → ``c10d::Work::wait``."""
+    i = function.find("(")
+    return function[:i] if i > 0 else function
 
 
 def _safe(pred: Callable[[Frame], bool], f: Frame) -> bool:

@@ -26,6 +26,8 @@ DEFAULT_MAX_GROUPS = 20
 #: parse errors listed per report before "... and N more".
 MAX_ERRORS = 20
 MAX_CULPRITS = 8
+#: processes without a rank are named by pid when there are at most this many of them.
+MAX_PIDS = 8
 
 
 def render(report: Report, options) -> str:
@@ -46,6 +48,7 @@ class Sets:
         self._cache: Dict[Tuple[int, ...], Tuple[str, str, int, int]] = {}
         self._raw: Dict[int, Tuple[List[int], set, int, List[int]]] = {}
         self._parents: Dict[Tuple[int, ...], str] = {}
+        self._pids: Dict[int, List[int]] = {}
 
     def _members(self, g: Group) -> Tuple[List[int], set, int, List[int]]:
         raw = self._raw.get(id(g))
@@ -57,6 +60,8 @@ class Sets:
             hosts.discard("")
             # DataLoader workers have no rank of their own; the rank that owns them names them
             parents = [p.parent_rank for p in members if p.rank is None and p.parent_rank is not None]
+            if len(members) - len(ranks) <= MAX_PIDS:
+                self._pids[id(g)] = [p.pid for p in members if p.rank is None and p.pid is not None]
             raw = self._raw[id(g)] = (ranks, hosts, len(members) - len(ranks), parents)
         return raw
 
@@ -87,13 +92,23 @@ class Sets:
         parts: List[str] = []
         if ranks:
             parts.append(("ranks " if ("," in ranks or "-" in ranks) else "rank ") + ranks)
-        if unranked:
-            parts.append(f"{unranked} without rank" if ranks else f"{unranked} {'process' if unranked == 1 else 'processes'} without rank")
+        pids: List[int] = []
+        if unranked and unranked <= MAX_PIDS:
+            for g in groups:
+                pids.extend(self._pids.get(id(g), ()))
+        if unranked and not ranks and len(pids) == unranked:
+            # no rank to name them by: their pids are the next best handle (py-spy dump --pid)
+            text = compress_ranks(pids)
+            parts.append(("pids " if ("," in text or "-" in text) else "pid ") + text)
+            if parents:
+                parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
+        elif unranked:
+            parts.append(f"and {unranked} without rank" if ranks else f"{unranked} {'process' if unranked == 1 else 'processes'} without rank")
             if parents:
                 parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
         if hosts:
             parts.append(("on hosts " if ("," in hosts or "[" in hosts) else "on host ") + hosts)
-        if members is not None and len(members) == 1 and members[0].pid is not None:
+        if members is not None and len(members) == 1 and members[0].pid is not None and members[0].rank is not None:
             parts.append(f"pid {members[0].pid}")
         return " ".join(parts) if parts else f"{n} processes"
 
@@ -175,8 +190,10 @@ def tree_lines(
     work: List[Tuple[TreeNode, int, str, str]] = []
     root_kids = visible(report.tree)
     hidden_root = len(report.tree.children) - len(root_kids)
-    for c in reversed(root_kids):
-        work.append((c, 1, "", ""))
+    for i in range(len(root_kids) - 1, -1, -1):
+        # several outermost frames (different scripts, launchers, workers): draw them as branches too
+        marker = "" if len(root_kids) == 1 else ("└─ " if i == len(root_kids) - 1 and not hidden_root else "├─ ")
+        work.append((root_kids[i], 1, "", marker))
     while work:
         node, depth, indent, marker = work.pop()
         first = True
