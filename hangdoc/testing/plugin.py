@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import sys
 import time
@@ -381,8 +382,9 @@ def _child_command(item: pytest.Item, run_dir: str, rank: int) -> List[str]:
         "-p", "no:randomly",
         # xfail marks are judged once, by the parent, on the merged outcome.
         "--runxfail",
+        # The rank's output is the test's own, unbuffered into the log the parent shows.
         "--capture=no",
-        "-qq", "--no-header", "--no-summary",
+        "-p", "no:terminal",
     ]
     if config.inipath is not None and not any(a in ("-c", "--config-file") for a in forwarded):
         cmd += ["-c", str(config.inipath)]
@@ -454,7 +456,7 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
 
     n = spec.world_size
     results = {r: _child.read_result(run_dir, r) for r in range(n)}
-    divergence_text = _divergence_text(_read_records(run_dir), n, spec.backend)
+    divergence_title, divergence_text = _divergence_text(_read_records(run_dir), n, spec.backend)
     sections: List[str] = []
     problems: List[str] = []
 
@@ -466,7 +468,7 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
         res = results[r]
         rc = ranks.procs[r].returncode
         if res is None:
-            failed[r] = _crash_text(r, rc, ranks.output(r))
+            failed[r] = _crash_text(r, rc, ranks.output(r, limit=256_000))
             continue
         texts = [f"{e['when']}: {e['longrepr']}" if e["when"] != "call" else e["longrepr"]
                  for e in res["reports"] if e["outcome"] == "failed"]
@@ -505,7 +507,7 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
         if raised:
             problems.append(f"{describe_ranks(raised)} failed")
     if divergence_text:
-        problems.insert(0, "collective order diverged")
+        problems.insert(0, divergence_title)
 
     if not problems:
         if skipped and len(skipped) == n:
@@ -531,13 +533,45 @@ def _crash_text(rank: int, rc: Optional[int], output: str) -> str:
             how = f"killed by signal {-rc}"
     else:
         how = f"exited with status {rc}"
-    return f"rank {rank} {how} before reporting a result; its last output:\n{output.rstrip() or '(none)'}"
+    return f"rank {rank} {how} before reporting a result; its last output:\n{_tail(trim_output(output), 40) or '(none)'}"
+
+
+def _tail(text: str, lines: int) -> str:
+    parts = text.splitlines()
+    if len(parts) <= lines:
+        return text
+    return f"[{len(parts) - lines} earlier lines left out]\n" + "\n".join(parts[-lines:])
+
+
+#: frames of the test runner itself, below the test function: noise in a failure message.
+_RUNNER_FRAME = re.compile(r"(_pytest|pluggy|pytest)[/\\]|<frozen runpy>|hangdoc[/\\]testing[/\\]")
+
+
+def trim_output(text: str) -> str:
+    """A rank's output with pytest's and pluggy's frames cut out of faulthandler tracebacks and
+    py-spy dumps, and the guard thread's stack left out: what is left is the user's code."""
+    out: List[str] = []
+    skipping_thread = False
+    for line in text.rstrip().splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("Thread ", "Current thread ", "Stack (most recent")):
+            skipping_thread = "hangdoc-testing-guard" in line or "procs.py" in line
+        if stripped.startswith("Extension modules:") or stripped.startswith("Process ") and ": " in stripped and "python" in stripped:
+            continue
+        if skipping_thread and not stripped.startswith(("Thread ", "Current thread ")):
+            continue
+        if skipping_thread:
+            continue
+        if (stripped.startswith("File ") or "(" in stripped and stripped.endswith(")")) and _RUNNER_FRAME.search(stripped):
+            continue
+        out.append(line)
+    return "\n".join(out).rstrip()
 
 
 def _print_outputs(ranks, n: int) -> None:
     """Each rank's output, into the parent's captured stdout (shown with the failure, or live with -s)."""
     for r in range(n):
-        out = ranks.output(r, limit=3000).rstrip()
+        out = _tail(trim_output(ranks.output(r, limit=256_000)), 40)
         if out:
             sys.stdout.write(f"---- rank {r} output ----\n{out}\n")
 
@@ -571,16 +605,30 @@ def _read_records(run_dir: str) -> Dict[int, List[Any]]:
     return by_rank
 
 
-def _divergence_text(by_rank: Dict[int, List[Any]], world_size: int, backend: str) -> str:
+def _divergence_text(by_rank: Dict[int, List[Any]], world_size: int, backend: str) -> "tuple[str, str]":
+    """(headline, side-by-side text) of the ranks' disagreement, or two empty strings."""
     if not any(by_rank.values()):
-        return ""
+        return "", ""
     from hangdoc.testing.order import CollectiveTrace, verdict_message
 
     trace = CollectiveTrace(by_rank, world_size)
     found, problems = trace.problems()
     if not (found or problems):
-        return ""
-    return verdict_message(trace, found, backend, problems)
+        return "", ""
+    title = "collective order diverged" if found else "point-to-point schedule deadlocks or mismatches"
+    return title, verdict_message(trace, found, backend, problems)
+
+
+def _strip_runner(job) -> None:
+    """Leave pytest's own frames (everything outside the test function) and the guard thread out
+    of the stacks, so the verdict's tree starts at the test."""
+    for proc in job.processes:
+        proc.threads = [t for t in proc.threads if (t.name or "") != "hangdoc-testing-guard"]
+        for t in proc.threads:
+            frames = t.frames
+            cut = max((i for i, f in enumerate(frames) if f.function == "pytest_pyfunc_call"), default=-1)
+            if cut >= 0:
+                t.frames = tuple(frames[cut + 1:])
 
 
 def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
@@ -596,7 +644,7 @@ def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
         for p in chosen:
             try:
                 with open(p) as f:
-                    raw.append(f"---- rank {r} stacks ({'py-spy' if spy else 'faulthandler'}) ----\n" + f.read())
+                    raw.append(f"---- rank {r} stacks ({'py-spy' if spy else 'faulthandler'}) ----\n" + trim_output(f.read()))
             except OSError:
                 pass
     try:
@@ -604,7 +652,9 @@ def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
         from hangdoc.readers import read_paths
         from hangdoc.renderers import render
 
-        report = analyse(read_paths(paths))
+        job = read_paths(paths)
+        _strip_runner(job)
+        report = analyse(job)
         return "hangdoc verdict:\n" + render(report, "text").rstrip()
     except Exception as e:  # the aggregator is optional here: fall back to the raw stacks
         why = f"(hangdoc aggregate unavailable: {type(e).__name__}: {e})"
