@@ -123,12 +123,17 @@ def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optiona
     return None, None, None
 
 
-def lines(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> Iterator[Tuple[int, str]]:
-    """``(line number, text without the newline)`` of a file, decoded one line at a time.
+#: bytes read at a time; a file is never held in memory whole.
+CHUNK = 1 << 22
 
-    Bytes that are not UTF-8 are replaced (U+FFFD) and reported once per file, with the first line
-    they occur on; lines longer than :data:`MAX_LINE` bytes are cut and reported once. When the last
-    line has no newline, ``ctx.cut_off`` is set (a dump that was still being written).
+
+def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> Iterator[Tuple[int, List[str]]]:
+    """``(number of the first line, lines)`` of a file, decoded a few megabytes at a time.
+
+    The lines have no newline. Bytes that are not UTF-8 are replaced (U+FFFD) and reported once per
+    file, with the first line they occur on; NUL bytes are dropped; lines longer than
+    :data:`MAX_LINE` bytes are cut and reported once. When the last line has no newline,
+    ``ctx.cut_off`` is its number (a dump that was still being written).
     """
     if fileobj is None:
         try:
@@ -138,40 +143,92 @@ def lines(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> It
             return
     else:
         f = fileobj
-    bad_utf8 = long_line = False
-    n = 0
+    state = {"bad_utf8": False, "long": False}
+    n = 1
+    rest = b""
     with f:
-        readline = f.readline
         while True:
             try:
-                raw = readline(MAX_LINE)
+                chunk = f.read(CHUNK)
             except OSError as e:
-                ctx.error(n + 1, f"read error: {e.strerror or e}")
+                ctx.error(n, f"read error: {e.strerror or e}")
                 return
-            if not raw:
-                return
-            n += 1
-            if not raw.endswith(b"\n"):
-                ctx.cut_off = n
-            if len(raw) == MAX_LINE and not raw.endswith(b"\n"):
-                # the rest of an over-long line is skipped, a chunk at a time
-                while True:
-                    more = readline(MAX_LINE)
-                    if not more or more.endswith(b"\n"):
-                        break
-                if not long_line:
-                    ctx.error(n, f"line longer than {MAX_LINE} bytes, cut")
-                    long_line = True
+            if not chunk:
+                break
+            data = rest + chunk if rest else chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                if len(rest) > MAX_LINE:
+                    rest = _cut_long(ctx, state, n, rest[:MAX_LINE], f)
+                    out = _decode(ctx, state, n, rest)
+                    yield n, out
+                    n += len(out)
+                    rest = b""
+                continue
+            block, rest = data[:cut], data[cut + 1:]
+            out = _decode(ctx, state, n, block)
+            if len(block) > MAX_LINE and max(map(len, out)) > MAX_LINE:
+                out = _cut_lines(ctx, state, n, out)
+            yield n, out
+            n += len(out)
+        if rest:
+            out = _decode(ctx, state, n, rest)
+            if any(len(x) > MAX_LINE for x in out):
+                out = _cut_lines(ctx, state, n, out)
+            ctx.cut_off = n + len(out) - 1
+            yield n, out
+
+
+def _decode(ctx: FileContext, state: dict, first: int, block: bytes) -> List[str]:
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        parts = block.split(b"\n")
+        out = []
+        for i, raw in enumerate(parts):
             try:
-                text = raw.decode("utf-8")
+                out.append(raw.decode("utf-8"))
             except UnicodeDecodeError:
-                text = raw.decode("utf-8", "replace")
-                if not bad_utf8:
-                    ctx.error(n, "bytes that are not UTF-8 (replaced; first such line)")
-                    bad_utf8 = True
-            if "\x00" in text:
-                text = text.replace("\x00", "")
-            yield n, text.rstrip("\r\n")
+                out.append(raw.decode("utf-8", "replace"))
+                if not state["bad_utf8"]:
+                    state["bad_utf8"] = True
+                    ctx.error(first + i, "bytes that are not UTF-8 (replaced; first such line)")
+        text = "\n".join(out)
+    if "\r\n" in text:
+        text = text.replace("\r\n", "\n")
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    return text.split("\n")
+
+
+def _cut_lines(ctx: FileContext, state: dict, first: int, out: List[str]) -> List[str]:
+    for i, x in enumerate(out):
+        if len(x) > MAX_LINE:
+            out[i] = x[:MAX_LINE]
+            if not state["long"]:
+                state["long"] = True
+                ctx.error(first + i, f"line longer than {MAX_LINE} characters, cut")
+    return out
+
+
+def _cut_long(ctx: FileContext, state: dict, n: int, head: bytes, f: BinaryIO) -> bytes:
+    """A line with no newline in sight: keep its head, skip the rest of it."""
+    if not state["long"]:
+        state["long"] = True
+        ctx.error(n, f"line longer than {MAX_LINE} characters, cut")
+    while True:
+        more = f.readline(CHUNK)
+        if not more or more.endswith(b"\n"):
+            return head
+    return head
+
+
+def lines(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> Iterator[Tuple[int, str]]:
+    """``(line number, text)`` one at a time (see :func:`chunks`, which is faster)."""
+    for first, block in chunks(path, ctx, fileobj):
+        for i, text in enumerate(block, first):
+            yield i, text
 
 
 class BlockParser:
@@ -182,6 +239,10 @@ class BlockParser:
     """
 
     format = ""
+    #: fast path: while ``sink`` is a list, the dispatcher appends every line that starts with
+    #: ``indent`` to it without calling ``feed`` (frame lines are nearly all lines of a dump).
+    indent = "\x00"
+    sink: Optional[List[str]] = None
 
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         self.ctx = ctx

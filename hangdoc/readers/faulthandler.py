@@ -60,6 +60,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
 
 class FaulthandlerParser(BlockParser):
     format = FORMAT
+    indent = '  File "'
 
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         super().__init__(ctx, lineno)
@@ -102,6 +103,8 @@ class FaulthandlerParser(BlockParser):
             self.idents.add(ident)
             self.has_current = self.has_current or current
             self._thread = (ident, current)
+            self._thread_line = lineno
+            self.sink = self._raw
             return True
         if line.startswith(_FATAL):
             self._end_thread()
@@ -117,7 +120,7 @@ class FaulthandlerParser(BlockParser):
         if self._thread is None:
             return
         ident, current = self._thread
-        raw, self._raw, self._thread = self._raw, [], None
+        raw, self._raw, self._thread, self.sink = self._raw, [], None, None
         key = (FORMAT,) + tuple(raw)
         frames = self.ctx.interner.stack(key, lambda: self._build(raw))
         t = Thread(ident=ident, frames=frames, state="current" if current else None)
@@ -136,6 +139,8 @@ class FaulthandlerParser(BlockParser):
                 f = cache[text] = parse_frame_line(text)
             if f is not None:
                 out.append(f)
+            else:
+                self.ctx.error(self._thread_line, f"unreadable faulthandler frame line in this thread: {text.strip()[:80]!r}")
         out.reverse()
         return tuple(out)
 

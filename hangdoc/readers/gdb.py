@@ -85,6 +85,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
 
 class GdbParser(BlockParser):
     format = FORMAT
+    indent = "#"
 
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         super().__init__(ctx, lineno)
@@ -113,6 +114,7 @@ class GdbParser(BlockParser):
                 self.process_start = lineno
             self.last_number = number
             self._thread = (m.group(1), m.group(3), m.group(4))
+            self.sink = self._raw
             return True
         if line.startswith("[Inferior "):
             m = _INFERIOR_RE.match(line)
@@ -130,7 +132,7 @@ class GdbParser(BlockParser):
         if self._thread is None:
             return
         number, lwp, name = self._thread
-        raw, self._raw, self._thread = self._raw, [], None
+        raw, self._raw, self._thread, self.sink = self._raw, [], None, None
         cache = self.ctx.interner.frames
 
         def build():

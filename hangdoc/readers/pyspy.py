@@ -87,6 +87,7 @@ class PySpyParser(BlockParser):
     """One process of plain py-spy output (the dispatcher starts a new parser per ``Process`` line)."""
 
     format = FORMAT
+    indent = "    "
 
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         super().__init__(ctx, lineno)
@@ -113,6 +114,8 @@ class PySpyParser(BlockParser):
                 self._end_thread()
                 self._in_error = False
                 self._thread = (m.group(1), m.group(3), m.group(2) or None)
+                self._thread_line = lineno
+                self.sink = self._raw
                 return True
             return False
         if not line.strip():
@@ -160,7 +163,7 @@ class PySpyParser(BlockParser):
             return
         ident, name, state = self._thread
         raw = self._raw
-        self._thread, self._raw = None, []
+        self._thread, self._raw, self.sink = None, [], None
         interner = self.ctx.interner
         frames = interner.stack((FORMAT,) + tuple(raw), lambda: self._build(raw))
         is_main = name == "MainThread"
@@ -193,6 +196,7 @@ class PySpyParser(BlockParser):
             if f is None and key not in cache:
                 f = cache[key] = parse_frame_line(text.strip())
             if f is None:
+                self.ctx.error(self._thread_line, f"unreadable py-spy frame line in this thread: {text.strip()[:80]!r}")
                 continue
             frames.append(f)
         if pending and frames:
@@ -221,9 +225,6 @@ class PySpyParser(BlockParser):
             for t in self.threads:
                 if p.pid is not None and t.ident == str(p.pid):
                     t.is_main = True
-        for t in self.threads:
-            if t.frames:
-                break
         return [p]
 
 

@@ -66,6 +66,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
 
 class PystackParser(BlockParser):
     format = FORMAT
+    indent = "    ("
 
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         super().__init__(ctx, lineno)
@@ -90,6 +91,7 @@ class PystackParser(BlockParser):
             if not self.threads:
                 self.process_start = lineno
             self._thread = m.groups()
+            self.sink = self._raw
             return True
         if not line.strip():
             return True
@@ -99,7 +101,7 @@ class PystackParser(BlockParser):
         if self._thread is None:
             return
         tid, name, state = self._thread
-        raw, self._raw, self._thread = self._raw, [], None
+        raw, self._raw, self._thread, self.sink = self._raw, [], None, None
         cache = self.ctx.interner.frames
 
         def build():
