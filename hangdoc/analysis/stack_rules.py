@@ -349,7 +349,9 @@ class _Analysis:
             groups.setdefault(self._user_path(p), []).append(p)
         sizes = sorted(len(g) for g in groups.values())
         odd: List[Process] = []
-        if len(groups) > 1 and sizes[-1] >= 2:
+        # Without a single Python frame of user code (gdb without Python support) there are no call sites to compare.
+        sited = all(len(key) > 2 for key in groups)
+        if sited and len(groups) > 1 and sizes[-1] >= 2:
             odd = [p for g in groups.values() if len(g) < sizes[-1] for p in g]
         evidence = self.evidence_lines(procs)
         if odd:
@@ -357,7 +359,8 @@ class _Analysis:
             conf = 0.5
         else:
             summary = f"{who(procs)} wait in send/recv with unknown peers"
-            evidence.append("all of them are at one call site" if len(groups) == 1 else
+            evidence.append("the dumps show no Python frames, so there are no call sites to compare" if not sited else
+                            "all of them are at one call site" if len(groups) == 1 else
                             "each of them is on a code path of its own, so no call site stands out")
             conf = 0.4
         self.out.append(Finding("p2p-stall", summary, _culprits(odd), evidence,
