@@ -2,8 +2,9 @@
 
 Checks what a person would see: the verdict, the culprit and the tree are rendered and visible, a
 folded frame unfolds on click (so the page's own script runs under its CSP), and script-looking
-text from a dump stays text. Saves a screenshot of the BLOOM-style 384-rank report; set
-``HANGDOC_ARTIFACTS=DIR`` to keep it.
+text from a dump (frames, file names, host names, through the real readers and CLI) stays text.
+Saves a screenshot of the BLOOM-style 384-process report (tests/fixtures/bloom/make_bloom.py at
+TP=4 PP=12 DP=8 → ``hangdoc aggregate --format html``); set ``HANGDOC_ARTIFACTS=DIR`` to keep it.
 
 Chromium is driven two ways: its command line (``--dump-dom``, ``--screenshot``) and, for
 questions about layout and clicks, the DevTools protocol over ``--remote-debugging-pipe`` (no
@@ -21,6 +22,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +31,7 @@ import pytest
 from hangdoc.atomic import write_atomic
 from hangdoc.renderers import RenderOptions, render, treeview
 
+from tests.procs import ROOT, run
 from test_html_render import PAYLOADS, bloom_report
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
@@ -45,20 +48,46 @@ TIMEOUT = 60
 
 
 def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run Chromium's command line in its own session; kill the whole session whatever happens."""
-    proc = subprocess.Popen(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+    """Chromium's command line, in its own session, killed whatever happens."""
+    done = run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args], timeout=TIMEOUT)
+    assert not done.timed_out, "Chromium took over %d s" % TIMEOUT
+    return done
+
+
+def aggregate(paths, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The real CLI: readers → analysis → the html renderer."""
+    done = run([sys.executable, "-m", "hangdoc", "aggregate", *map(str, paths), "-o", str(out), *extra], timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def hostile_dumps(tmp_path: Path) -> Path:
+    """The 2-node BLOOM dumps, one of them renamed and edited so that a frame, its file and the
+    host name (taken from the file name) are markup."""
+    src = Path(ROOT, "tests/fixtures/bloom/2-nodes")
+    out = tmp_path / "dumps"
+    out.mkdir()
+    for f in sorted(src.glob("trace-*.out")):
+        text = f.read_text()
+        name = f.name
+        if f.name.endswith("iam49.out"):
+            frame = f"    {PAYLOADS[0]} ({PAYLOADS[1]}.py:7)\n"
+            before = text
+            text = text.replace("    all_reduce (torch/distributed/distributed_c10d.py:1316)\n", frame, 1)
+            assert text != before
+            name = "trace-<img src=x onerror=document.title='PWNED'>.out"
+        (out / name).write_text(text)
+    return out
+
+
+def bloom_384(tmp_path: Path) -> Path:
+    dumps = tmp_path / "bloom384"
+    done = run([sys.executable, str(Path(ROOT, "tests/fixtures/bloom/make_bloom.py")), str(dumps), "--tp", "4", "--pp", "12", "--dp", "8"],
+               timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    page = tmp_path / "report-bloom384.html"
+    aggregate([dumps], page)
+    return page
 
 
 class DevTools:
@@ -173,19 +202,22 @@ def png_size(data: bytes):
 
 
 def test_dump_dom_shows_the_verdict_and_tree_and_runs_no_dump_script(tmp_path):
-    page = write_report(tmp_path, payload=True)
+    page = tmp_path / "report.html"
+    aggregate([hostile_dumps(tmp_path)], page)
     done = chromium(tmp_path, "--dump-dom", page.as_uri())
     dom = done.stdout
     assert "</html>" in dom, done.stderr[-2000:]
     title = re.search(r"<title>(.*?)</title>", dom, re.S).group(1)
-    # the summary carries a payload, so the title shows it as text; the payload itself sets just 'PWNED'
-    assert title != "PWNED" and title.startswith("hangdoc report: rank 243 waits for its DataLoader")
+    assert title != "PWNED" and title.startswith("hangdoc report: ")
     assert 'id="verdict"' in dom and '<svg class="tree"' in dom
-    assert re.search(r'<a href="#group-\d+">rank 243 \(iam31 pid 10243\)</a>', dom)
+    assert "dataloader-stall" in dom
+    culprit = re.search(r'<div class="culprits">\s*<a href="#group-(\d+)">[^<]*pid (\d+)\)</a>', dom)
+    assert culprit, dom[:3000]
+    assert f'id="group-{culprit.group(1)}"' in dom
     # the payloads are in the document as text, not as elements
     assert "&lt;script&gt;document.title='PWNED'&lt;/script&gt;" in dom
     assert "&lt;img src=x onerror=" in dom
-    assert "<img" not in dom and "onerror=" not in dom.replace("&lt;img src=x onerror=", "")
+    assert "<img" not in dom
     assert dom.count("<script") == 1
 
 
@@ -217,7 +249,7 @@ def test_visible_clickable_and_safe_in_a_live_page(tmp_path, devtools, monkeypat
     assert devtools.js(f"document.getElementById('{pop}').getBoundingClientRect().height") > 20
     # hovering a group's stack highlights its path in the tree
     devtools.js("document.querySelector('article.group.culprit').dispatchEvent(new MouseEvent('mouseenter'))")
-    assert devtools.js("document.querySelectorAll('svg.tree .box.hl').length") == 3
+    assert devtools.js("document.querySelectorAll('svg.tree .box.hl').length") == 2  # the trunk and the branch
     # the payloads are text nodes; none became an element or ran
     texts = devtools.js("Array.from(document.querySelectorAll('code')).map(function(e){return e.textContent})")
     for p in PAYLOADS:
@@ -226,15 +258,21 @@ def test_visible_clickable_and_safe_in_a_live_page(tmp_path, devtools, monkeypat
     assert devtools.js("document.scripts.length") == 1
 
 
-def test_screenshot_of_the_bloom_384_report(tmp_path, devtools, monkeypatch):
-    fold_torch(monkeypatch)
-    page = write_report(tmp_path, payload=False)
+def test_screenshot_of_the_bloom_384_report(tmp_path, devtools):
+    page = bloom_384(tmp_path)
+    assert page.stat().st_size < 200_000
     devtools.open(page.as_uri())
-    shot = devtools.call("Page.captureScreenshot", {"format": "png"})
+    assert devtools.js("document.querySelector('#verdict .kind').textContent") == "dataloader-stall"
+    # the whole tree fits the 1400 px page at a glance, the culprit's stack included
+    tree = devtools.js("(function(){var r=document.querySelector('svg.tree').getBoundingClientRect();return [r.width, r.bottom]})()")
+    assert tree[0] <= 1400 and tree[1] <= 1300
+    culprit = devtools.js("(function(){var r=document.querySelector('svg.tree a.badge.culprit').getBoundingClientRect();return [r.right, r.bottom]})()")
+    assert culprit[0] <= 1400 and culprit[1] <= 1300
     import base64
 
+    shot = devtools.call("Page.captureScreenshot", {"format": "png", "clip": {"x": 0, "y": 0, "width": 1400, "height": 1300, "scale": 1}})
     data = base64.b64decode(shot["data"])
-    assert png_size(data) == (1400, 1000)
+    assert png_size(data) == (1400, 1300)
     assert len(data) > 30_000  # a drawn page, not a blank one
     out = tmp_path / "report-bloom384.png"
     out.write_bytes(data)
@@ -242,6 +280,7 @@ def test_screenshot_of_the_bloom_384_report(tmp_path, devtools, monkeypatch):
     if keep:
         os.makedirs(keep, exist_ok=True)
         shutil.copy(out, os.path.join(keep, out.name))
-    # and Chromium's own command-line screenshot works too (what docs/report.md shows)
+        shutil.copy(page, os.path.join(keep, page.name))
+    # and Chromium's own command-line screenshot (what docs/report.md shows) works too
     done = chromium(tmp_path, f"--screenshot={tmp_path / 'cli.png'}", "--window-size=1200,900", page.as_uri())
     assert png_size((tmp_path / "cli.png").read_bytes()) == (1200, 900), done.stderr[-2000:]

@@ -72,8 +72,7 @@ def render(report: Report, options) -> str:
     for v in treeview.walk(view.root):
         out.append(_node(report, view, v))
         for c in v.children:
-            ranks = c.rank_text
-            who = (("ranks " if ("," in ranks or "-" in ranks) else "rank ") + ranks) if ranks else ""
+            who = c.who
             count = _plural(c.count, "process")
             label = _lines_label([_clip(who), count] if who else [count])
             attrs = [f"label={label}", f"penwidth={1 + 4 * c.count / total:.2f}"]

@@ -35,14 +35,14 @@ from hangdoc.renderers.treeview import Line, View, ViewNode
 # here: DejaVu Sans Mono / Menlo / Consolas all advance 0.6 em.
 FONT = 12
 CHAR_W = FONT * 0.61
-BOX_W = 300
+BOX_W = 280
 ROOT_W = 150
 BOX_CHARS = int((BOX_W - 16) / CHAR_W)
 LINE_H = 16
 PAD = 7
 BADGE_H = 20
-GAP = 240  # between columns: room for the edge labels
-EDGE_CHARS = 24
+GAP = 200  # between columns: room for the edge labels
+EDGE_CHARS = 22
 VGAP = 16
 MARGIN = 12
 POP_MAX_LINES = 60
@@ -70,6 +70,42 @@ def esc(value: object) -> str:
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters with an ellipsis (before escaping)."""
     return text if len(text) <= limit else text[: max(1, limit - 1)] + "…"
+
+
+def wrap(text: str, width: int, lines: int) -> List[str]:
+    """At most ``lines`` rows of ``width``, broken after a comma or space when one is near; the rest clipped.
+
+    >>> wrap("ranks 1-127,129-242,244-255,257-383,400-511", 20, 2)
+    ['ranks 1-127,129-242,', '244-255,257-383,400…']
+    """
+    rows: List[str] = []
+    while text and len(rows) < lines - 1 and len(text) > width:
+        cut = max(text.rfind(",", 0, width), text.rfind(" ", 0, width))
+        cut = cut + 1 if cut >= width // 3 else width
+        rows.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    if text:
+        rows.append(clip(text, width))
+    return rows
+
+
+def pids_by_host(processes: Sequence[Process], hosts: int = 6) -> str:
+    """``pids 10-12 on n1; pid 7 on n2``: processes without a rank, named the only way they can be.
+
+    >>> pids_by_host([Process(host="n1", pid=11), Process(host="n1", pid=10), Process(host="n2", pid=7)])
+    'pids 10-11 on n1; pid 7 on n2'
+    """
+    by_host: Dict[str, List[int]] = defaultdict(list)
+    for p in processes:
+        if p.pid is not None:
+            by_host[p.host or "?"].append(p.pid)
+    parts = []
+    for host in sorted(by_host)[:hosts]:
+        pids = by_host[host]
+        parts.append(f"pid{'s' if len(pids) > 1 else ''} {clip(compress_ranks(pids), 200)} on {host}")
+    if len(by_host) > hosts:
+        parts.append(f"… {len(by_host) - hosts} more hosts")
+    return "; ".join(parts)
 
 
 def _num(n: int) -> str:
@@ -243,8 +279,8 @@ class _Page:
         hosts = {p.host for p in procs if p.host}
         sources = r.job.sources if r.job is not None else []
         n_err = sum(len(s.errors) for s in sources)
-        bits = [_plural(n_proc, "process"), _plural(len(ranks), "rank"), _plural(len(hosts), "host"),
-                _plural(len(self.groups), "group")]
+        bits = [_plural(n_proc, "process"), _plural(len(ranks), "rank") if ranks else "no ranks in the dumps",
+                _plural(len(hosts), "host"), _plural(len(self.groups), "group")]
         if r.job is not None and r.job.world_size:
             bits.append(f"world size {_num(r.job.world_size)}")
         bits.append(_plural(len(sources), "source"))
@@ -337,10 +373,9 @@ class _Page:
             out.append(f"<h3>{esc(' · '.join(head))}{' <span class=kind style=background:#c62828>culprit</span>' if culprit else ''}</h3>")
             if hosts:
                 out.append(f'<div class="note">hosts <span class="mono">{esc(clip(hosts, MAX_TEXT))}</span></div>')
-            if not g.ranks and g.members:
-                who = ", ".join(p.describe() for p in g.members[:20])
-                more = f" and {_num(g.count - 20)} more" if g.count > 20 else ""
-                out.append(f'<div class="note">{esc(who)}{more}</div>')
+            unranked = [p for p in g.members if p.rank is None]
+            if unranked:
+                out.append(f'<div class="note">{esc(pids_by_host(unranked))}</div>')
             if g.summary:
                 out.append(f"<div><b>{esc(g.summary)}</b></div>")
             out.append(self.stack_html(g.stack) if g.stack else '<p class="note">no stack (the process could not be dumped)</p>')
@@ -465,6 +500,9 @@ class _TreePicture:
         self.max_bottom = 0.0
         self.max_right = 0.0
         self.content_bottom = 0.0
+        # A root with one child says only what the header says: start the picture at the trunk.
+        root = view.root
+        self.top = root.children[0] if len(root.children) == 1 and not root.ends else root
 
     def width(self, v: ViewNode) -> float:
         return ROOT_W if v is self.view.root else BOX_W
@@ -480,7 +518,7 @@ class _TreePicture:
         return v.lines
 
     def layout(self) -> None:
-        root = self.view.root
+        root = self.top
         band: Dict[int, float] = {}
         order = list(treeview.walk(root))
         for v in reversed(order):  # children before parents
@@ -500,7 +538,7 @@ class _TreePicture:
                 y += band[c.ident] + VGAP
             cy = (centers[0] + centers[-1]) / 2 if centers else top + band[v.ident] / 2
             ytop = max(top, min(cy - h / 2, top + band[v.ident] - h))
-            x = MARGIN if depth == 0 else MARGIN + ROOT_W + GAP + (depth - 1) * (BOX_W + GAP)
+            x = MARGIN if depth == 0 else MARGIN + self.width(root) + GAP + (depth - 1) * (BOX_W + GAP)
             self.pos[v.ident] = (x, ytop, h)
             self.band[v.ident] = (top, band[v.ident])
             self.max_bottom = max(self.max_bottom, ytop + h)
@@ -602,14 +640,17 @@ class _TreePicture:
             f'<path class="{cls}" style="stroke-width:{width:.1f}" '
             f'd="M{x0:.0f},{y0:.1f} C{x0 + 30:.0f},{y0:.1f} {bend - 16:.0f},{y1:.1f} {bend:.0f},{y1:.1f} L{cx:.0f},{y1:.1f}"/>'
         )
-        ranks = child.rank_text
-        top = ("ranks " + ranks if ("," in ranks or "-" in ranks) else "rank " + ranks) if ranks else ""
+        top = child.who
         full = f"{top} ({_plural(child.count, 'process')})" if top else _plural(child.count, "process")
         lcls = "el culprit" if child.culprit else "el"
         lx = bend + 6
         label = [f'<g><title>{esc(full)}</title>']
-        if top:
-            label.append(f'<text class="{lcls}" x="{lx:.0f}" y="{y1 - 6:.1f}">{esc(clip(top, EDGE_CHARS))}</text>')
+        # a host list reads as one without saying so; the space goes to the list itself
+        short = top.split(" ", 1)[1] if top.startswith(("hosts ", "host ")) else top
+        rows = wrap(short, EDGE_CHARS, 2) if short else []
+        for k, row in enumerate(rows):
+            y = y1 - 6 - 14 * (len(rows) - 1 - k)
+            label.append(f'<text class="{lcls}" x="{lx:.0f}" y="{y:.1f}">{esc(row)}</text>')
         label.append(f'<text class="{lcls}" x="{lx:.0f}" y="{y1 + 15:.1f}">{esc(_plural(child.count, "process"))}</text></g>')
         return path + "".join(label)
 
@@ -617,15 +658,17 @@ class _TreePicture:
         self.layout()
         self.content_bottom = self.max_bottom
         parts: List[str] = []
-        for v in treeview.walk(self.view.root):
+        for v in treeview.walk(self.top):
             for c in v.children:
                 parts.append(self.edge(v, c))
-        for v in treeview.walk(self.view.root):
+        for v in treeview.walk(self.top):
             parts.append(self.box(v))
         width = self.max_right + MARGIN
         height = self.max_bottom + MARGIN
         return (
+            # Shrinks to fit the page down to 70 % (still legible), then scrolls.
             f'<svg class="tree" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+            f'style="max-width:100%;min-width:{0.7 * width:.0f}px;height:auto" '
             f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="merged call tree">'
             + "".join(parts)
             + "".join(self.pops)

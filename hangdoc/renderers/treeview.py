@@ -21,8 +21,8 @@ Example::
     >>> view = build_view(Report(job=None, groups=[g1, g2], tree=tree))
     >>> [line.text for line in view.root.children[0].lines]
     ['<module>  train.py:9']
-    >>> [(c.rank_text, c.count) for c in view.root.children[0].children]
-    [('0-2', 3), ('3', 1)]
+    >>> [(c.who, c.count) for c in view.root.children[0].children]
+    [('ranks 0-2', 3), ('rank 3', 1)]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from hangdoc.model import Frame, Group, Process, Report, TreeNode
-from hangdoc.ranges import compress_ranks
+from hangdoc.ranges import compress_hosts, describe_ranks
 
 #: drawn groups when RenderOptions.max_groups is None.
 DEFAULT_MAX_GROUPS = 30
@@ -80,7 +80,8 @@ class ViewNode:
     #: indices of the drawn groups whose stack ends in this box.
     ends: List[int]
     count: int
-    rank_text: str
+    #: who took this branch: ``ranks 0-3``; hosts (and a pid) when the dumps do not name ranks.
+    who: str
     culprit: bool
     children: List["ViewNode"] = field(default_factory=list)
 
@@ -177,6 +178,30 @@ def _fold(frames: Sequence[Frame], is_plumbing: Callable[[Frame], bool], show_pl
     return lines
 
 
+def who(members: Sequence[Process]) -> str:
+    """``ranks 0-3``, ``ranks 0-3 and 2 processes without rank``, ``hosts n[1-2]``, ``n1 pid 42``.
+
+        >>> who([Process(rank=0), Process(rank=1), Process(host="n1", pid=7)])
+        'ranks 0-1 and 1 process without rank'
+        >>> who([Process(host="n1", pid=7)])
+        'n1 pid 7'
+    """
+    ranks = [p.rank for p in members if p.rank is not None]
+    rest = len(members) - len(ranks)
+    if ranks:
+        text = describe_ranks(ranks)
+        if rest:
+            text += f" and {rest} process{'' if rest == 1 else 'es'} without rank"
+        return text
+    if len(members) == 1:
+        p = members[0]
+        return " ".join(x for x in (p.host or "", f"pid {p.pid}" if p.pid is not None else "") if x)
+    hosts = sorted({p.host for p in members if p.host})
+    if not hosts:
+        return ""
+    return ("host " if len(hosts) == 1 else "hosts ") + compress_hosts(hosts)
+
+
 def frame_text(frame: Frame) -> str:
     loc = short_location(frame)
     return f"{frame.function}  {loc}" if loc else frame.function
@@ -203,19 +228,14 @@ def build_view(report: Report, max_groups: Optional[int] = None, show_plumbing: 
         return [index_of[id(g)] for g in node.groups if id(g) in index_of]
 
     def make(frames: List[Frame], groups: List[int], ends: List[int]) -> ViewNode:
-        members: List[int] = []
-        count = 0
-        for i in groups:
-            g = report.groups[i]
-            count += g.count
-            members.extend(p.rank for p in g.members if p.rank is not None)
+        count = sum(report.groups[i].count for i in groups)
         v = ViewNode(
             ident=len(nodes),
             lines=_fold(frames, is_plumbing, show_plumbing, keep_last=bool(ends)),
             groups=groups,
             ends=ends,
             count=count,
-            rank_text=compress_ranks(members),
+            who=who([p for i in groups for p in report.groups[i].members]),
             culprit=any(i in guilty for i in groups),
         )
         nodes.append(v)
