@@ -96,13 +96,25 @@ def who(procs: Sequence[Process]) -> str:
         parts.append(describe_ranks(ranks))
     if rest:
         if len(rest) == 1:
-            parts.append(rest[0].describe())
+            parts.append(_one(rest[0]))
         else:
             hosts = [p.host for p in rest if p.host]
             pids = [str(p.pid) for p in rest if p.pid is not None]
             parts.append(f"{len(rest)} processes" + (f" on {compress_hosts(hosts)}" if hosts else "")
                          + (f" (pids {', '.join(pids)})" if 0 < len(pids) <= 4 else ""))
     return ", ".join(parts) if parts else "no process"
+
+
+def _s(procs: Sequence[Process], one: str, many: str) -> str:
+    """The verb that agrees with :func:`who` of ``procs``."""
+    return one if len(procs) == 1 else many
+
+
+def _one(p: Process) -> str:
+    """``pid 42 on node1`` for a process without a rank (``rank 3`` is handled by :func:`who`)."""
+    what = "DataLoader worker " if p.role == ROLE_WORKER else ""
+    pid = f"pid {p.pid}" if p.pid is not None else "a process"
+    return f"{what}{pid}" + (f" on {p.host}" if p.host else "")
 
 
 def _culprits(procs: Iterable[Process]) -> List[Culprit]:
@@ -188,7 +200,7 @@ class _Analysis:
             by_status.setdefault(p.status, []).append(p)
         for status, procs in sorted(by_status.items()):
             procs = _sorted(procs)
-            details = [f"{p.describe()}: {p.status}" + (f" ({p.status_detail})" if p.status_detail else "")
+            details = [f"{who([p])}: {p.status}" + (f" ({p.status_detail})" if p.status_detail else "")
                        + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in procs]
             if waiting:
                 details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
@@ -239,7 +251,7 @@ class _Analysis:
         stuck = [q for q in own if q.status != STATUS_OK or self.w(q).detail not in ("idle", "")]
         summary = f"{who(dl)} {'waits' if len(dl) == 1 else 'wait'} for a DataLoader batch at {self._site(dl)}"
         if waiting_for_it:
-            summary += f"; {who(waiting_for_it)} wait in collectives for {'it' if len(dl) == 1 else 'them'}"
+            summary += f"; {who(waiting_for_it)} {_s(waiting_for_it, 'waits', 'wait')} in collectives for {'it' if len(dl) == 1 else 'them'}"
         evidence = self.evidence_lines(dl + others)
         for q in _sorted(own):
             owner = f" of rank {q.parent_rank}" if q.parent_rank is not None else (f" of pid {q.ppid}" if q.ppid is not None else "")
@@ -355,10 +367,10 @@ class _Analysis:
             odd = [p for g in groups.values() if len(g) < sizes[-1] for p in g]
         evidence = self.evidence_lines(procs)
         if odd:
-            summary = f"{who(procs)} wait in send/recv with unknown peers; {who(odd)} {'is' if len(odd) == 1 else 'are'} at call sites no other stage shares"
+            summary = f"{who(procs)} {_s(procs, 'waits', 'wait')} in send/recv with unknown peers; {who(odd)} {'is' if len(odd) == 1 else 'are'} at call sites no other stage shares"
             conf = 0.5
         else:
-            summary = f"{who(procs)} wait in send/recv with unknown peers"
+            summary = f"{who(procs)} {_s(procs, 'waits', 'wait')} in send/recv with unknown peers"
             evidence.append("the dumps show no Python frames, so there are no call sites to compare" if not sited else
                             "all of them are at one call site" if len(groups) == 1 else
                             "each of them is on a code path of its own, so no call site stands out")
@@ -387,7 +399,7 @@ class _Analysis:
             if busy:
                 self.out.append(Finding(
                     "no-hang",
-                    f"{who(busy)} {'is' if len(busy) == 1 else 'are'} computing while {who(ps)} wait in {w.describe()}",
+                    f"{who(busy)} {_s(busy, 'is', 'are')} computing while {who(ps)} {_s(ps, 'waits', 'wait')} in {w.describe()}",
                     [],
                     self.evidence_lines(busy + ps) + loop_notes,
                     ["A running job looks like this too: take a second dump a minute later. If the same ranks are still "
@@ -402,7 +414,7 @@ class _Analysis:
                 # Blocked ranks all sit on the one line that waits; other lines mean some are still entering.
                 self.out.append(Finding(
                     "no-hang",
-                    f"{who(ps)} are in {w.describe()}, at different lines inside {w.frame.function}: the job looks like it is moving",
+                    f"{who(ps)} {_s(ps, 'is', 'are')} in {w.describe()}, at different lines inside {w.frame.function}: the job looks like it is moving",
                     [],
                     [f"{who([p for p in ps if self.w(p).frame.line == n])}: {w.frame.function} line {n}" for n in lines] + loop_notes,
                     ["Take a second dump a minute later: if every rank then sits on the same line of the collective, "
@@ -432,10 +444,11 @@ class _Analysis:
     def _mismatch(self, places, blocked: List[Process], busy: List[Process], loop_notes: List[str]) -> None:
         evidence = self.evidence_lines([p for _, ps in places for p in ps] + blocked + busy)
         advice: List[str] = []
+        waiting = [p for _, ps in places for p in ps]
         if blocked:
             culprits = blocked
             summary = (f"{who(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked outside any collective "
-                       f"({'; '.join(w.describe() for w, _ in self.places(blocked))}) while {who([p for _, ps in places for p in ps])} wait in collectives")
+                       f"({'; '.join(w.describe() for w, _ in self.places(blocked))}) while {who(waiting)} {_s(waiting, 'waits', 'wait')} in collectives")
             advice.append("Find out why the blocked ranks wait where they do (a lock held by another thread, a sleep, "
                           "a read from a file or socket): the others wait in the collective for them.")
             conf = 0.7
@@ -445,8 +458,9 @@ class _Analysis:
                 w, ps = rooted[0]
                 moved = [p for x, qs in places if x is not w for p in qs]
                 culprits = moved
-                summary = (f"{who(ps)} wait in {w.describe()} while {who(moved)} "
-                           f"{'is' if len(moved) == 1 else 'are'} in other collectives: one of {who(moved)} never joined the {w.op}")
+                summary = (f"{who(ps)} {_s(ps, 'waits', 'wait')} in {w.describe()} while {who(moved)} "
+                           f"{_s(moved, 'is', 'are')} in other collectives: "
+                           f"{'' if len(moved) == 1 else 'one of '}{who(moved)} never joined the {w.op}")
                 evidence.append(
                     f"Why not blame the ranks stuck in {w.op}: with gloo, the receivers of a {w.op} return as soon as they "
                     f"have the data while the root still waits for every receiver, so ranks that moved on include the one "
@@ -500,7 +514,7 @@ class _Analysis:
         busy_ids = {id(p) for p in busy}
         local = [p for p in self.ok if id(p) not in busy_ids]
         if local:
-            summary = f"no distributed hang signature: {who(local)} wait locally, not on other ranks"
+            summary = f"no distributed hang signature: {who(local)} {_s(local, 'waits', 'wait')} locally, not on other ranks"
         else:
             summary = "no hang signature: every process is busy"
         self.out.append(Finding(
