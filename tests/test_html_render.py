@@ -166,14 +166,14 @@ def test_tree_is_drawn_with_rank_ranges_and_the_culprit_path():
     root = ET.fromstring(svg)  # well-formed XML, not just tag soup
     ns = "{http://www.w3.org/2000/svg}"
     texts = ["".join(t.itertext()) for t in root.iter(ns + "text")]
-    assert "384 processes" in texts
-    assert "ranks 0-383" in texts  # the trunk, taken by everyone
+    # the root has one child, so the picture starts at the trunk that every rank took
+    assert "ranks 0-383" not in texts and "384 processes" not in texts
     assert "rank 243" in texts and "ranks 0,128,256" in texts
-    assert "ranks 1-127,129-242,244…" in texts  # clipped on the picture, whole in its tooltip
+    assert texts[:2] == ["ranks 1-127,129-242,", "244-255,257-383"]  # wrapped at commas; whole in the tooltip
     assert "ranks 1-127,129-242,244-255,257-383 (380 processes)" in ["".join(t.itertext()) for t in root.iter(ns + "title")]
     culprit_boxes = [g for g in root.iter(ns + "g") if "culprit" in (g.get("class") or "").split() and "box" in g.get("class", "")]
     labels = [" ".join("".join(t.itertext()) for t in g.iter(ns + "text")) for g in culprit_boxes]
-    assert len(culprit_boxes) == 3, labels  # the root, the compacted trunk and the DataLoader branch
+    assert len(culprit_boxes) == 2, labels  # the compacted trunk and the DataLoader branch
     assert any("_next_batch" in x for x in labels) and any("<module>" in x for x in labels)
     assert not any("all_reduce" in x for x in labels)
     # the trunk's seven frames, taken by every rank, are compacted into one box
@@ -277,3 +277,17 @@ def test_arbitrary_dump_strings_never_become_markup(function, file, host, summar
     assert clean in t.text  # the stack list shows the name whole, as one text node
     svg = page[page.index("<svg"):page.index("</svg>") + 6]
     ET.fromstring(svg)
+
+
+def test_root_is_drawn_when_stacks_differ_from_the_first_frame():
+    procs = [Process(host="n1", pid=r, rank=r, threads=[Thread("1", "MainThread", ALL_REDUCE, is_main=True)]) for r in range(3)]
+    procs.append(Process(host="n2", pid=9, rank=3, status="unresponsive", status_detail="Error: Failed to get stack traces"))
+    report = build_report(Job(processes=procs, world_size=4))
+    page = render(report, "html", RenderOptions())
+    svg = ET.fromstring(page[page.index("<svg"):page.index("</svg>") + 6])
+    ns = "{http://www.w3.org/2000/svg}"
+    root = next(g for g in svg.iter(ns + "g") if "root" in (g.get("class") or ""))
+    texts = [t.text for t in root.iter(ns + "text")]
+    assert texts[:2] == ["4 processes", "2 groups"]
+    assert any("G2 · 1 process" in (t or "") for t in texts)  # the unresponsive group ends at the root
+    assert "unresponsive: Error: Failed to get stack traces" in page
