@@ -598,7 +598,7 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
                     p.role = ROLE_RANK
 
     # torchrun's [defaultN]: is the local rank; on one host it is the rank too
-    hosts = {p.host for p in job.processes}
+    hosts = {p.host for p in job.processes if p.local_rank is not None or p.rank is not None}
     if len(hosts) <= 1:
         for p in job.processes:
             if p.rank is None and p.local_rank is not None and p.role == ROLE_RANK:

@@ -75,6 +75,7 @@ class PystackParser(BlockParser):
         self._thread: Optional[Tuple[str, str, str]] = None
         self._raw: List[str] = []
         self.process_start = lineno
+        self.notes: List[str] = []
 
     def feed(self, lineno: int, line: str) -> bool:
         if line.startswith("    "):
@@ -94,6 +95,11 @@ class PystackParser(BlockParser):
             self.sink = self._raw
             return True
         if not line.strip():
+            return True
+        if line.startswith("* ") and self._thread is not None:
+            # "* - Unable to merge native stack due to insufficient native information - *":
+            # pystack falls back to the Python frames, which follow
+            self.notes.append(line.strip("* -"))
             return True
         return False
 
@@ -125,6 +131,9 @@ class PystackParser(BlockParser):
         if not self.threads:
             return
         p = Process(pid=pid, format=FORMAT, source_line=self.process_start, threads=self.threads)
+        if self.notes:
+            p.meta["pystack_notes"] = sorted(set(self.notes))
+            self.notes = []
         self.processes.append(p)
         self.threads = []
 
