@@ -2,6 +2,7 @@
 dumps, the lowest rank prints a verdict naming the rank that skipped the broadcast, ``hangdoc dump``
 reads the same hung job from outside, and every process is gone afterwards."""
 
+import importlib.util
 import json
 import os
 import re
@@ -17,7 +18,8 @@ from hangdoc.cli.demo import alive, stop_job
 from hangdoc.tags import parse_tag
 from tests.procs import env_for, torchrun_cmd
 
-pytest.importorskip("torch.distributed")
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed", allow_module_level=True)
 
 TIMEOUT = 3
 
@@ -54,8 +56,9 @@ class Job:
 
 @pytest.fixture(scope="module")
 def hung_job(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("out"))
-    cmd = torchrun_cmd(4, "hangdoc", "--hang-timeout", str(TIMEOUT), "--out", out, examples.path("skip_broadcast"), module=True)
+    tmp_path = tmp_path_factory.mktemp("job")
+    out = str(tmp_path / "out")
+    cmd = torchrun_cmd(4, "hangdoc", "--hang-timeout", str(TIMEOUT), "--out", out, examples.copy_to("skip_broadcast", str(tmp_path / "job")), module=True)
     job = Job(cmd)
     job.out = out
     try:
@@ -105,4 +108,30 @@ def test_all_processes_are_gone(hung_job):
     # runs last: the fixture is torn down after the module, so stop the job here and check
     pids = stop_job(hung_job.proc)
     assert len(pids) >= 4
+    assert not [p for p in pids if alive(p)]
+
+
+def test_store_unreachable_falls_back_to_files(tmp_path):
+    """The launcher serves the store; stopped (SIGSTOP), it answers nothing: the ranks' store
+    operations time out and the report comes from the files in the shared output directory."""
+    import signal
+
+    out = str(tmp_path / "out")
+    cmd = torchrun_cmd(2, "hangdoc", "--hang-timeout", str(TIMEOUT), "--out", out, examples.copy_to("skip_broadcast", str(tmp_path / "job")), module=True)
+    job = Job(cmd)
+    try:
+        # both ranks are past init (their store connections are made) once step 1 is done
+        assert job.wait_for(r"PROGRESS rank=1 step=1 ", 60), job.log
+        time.sleep(0.3)
+        os.kill(job.proc.pid, signal.SIGSTOP)
+        assert job.wait_for(r"hangdoc: full report:", 30), job.log
+        assert any("store unreachable" in line for line in job.lines), job.log
+        verdicts = [line for line in job.lines if "hangdoc: VERDICT:" in line]
+        assert len(verdicts) == 1 and ":0] " in verdicts[0], job.log
+        # both ranks' dumps reached the report although the store never answered
+        assert json.load(open(os.path.join(out, "report.json")))["processes"] == 2
+        assert "dumps from ranks 0-1 of 2" in job.log
+    finally:
+        pids = stop_job(job.proc, grace=0.5)  # a stopped launcher does not act on SIGTERM
+        job.proc.wait(timeout=10)
     assert not [p for p in pids if alive(p)]

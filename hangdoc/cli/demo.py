@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     # a job left behind by accident ends by itself
     env["HANGDOC_DEMO_GLOO_TIMEOUT"] = str(int(args.timeout + 120))
-    cmd = command(examples.path(scenario.name), nproc, args.timeout, out, free_port())
+    script = examples.copy_to(scenario.name, os.path.join(out, "scenario"))
+    cmd = command(script, nproc, args.timeout, out, free_port())
     say = _Printer(quiet=args.quiet)
     say.info(f"hangdoc demo: {scenario.name}: {scenario.summary}")
     say.info(f"hangdoc demo: {nproc} ranks on gloo, watchdog timeout {args.timeout:g}s, output in {out}")

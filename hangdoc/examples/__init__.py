@@ -10,11 +10,15 @@ Each scenario is a module here, runnable as a script under torchrun::
     ['dataloader', 'pipeline', 'skip_broadcast']
     >>> path("skip_broadcast").endswith("skip_broadcast.py")
     True
+    >>> import tempfile
+    >>> os.path.basename(copy_to("pipeline", tempfile.mkdtemp()))
+    'pipeline.py'
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Dict, NamedTuple
 
 
@@ -45,3 +49,16 @@ def path(name: str) -> str:
     if name not in SCENARIOS:
         raise KeyError(f"unknown scenario {name!r}; one of {', '.join(sorted(SCENARIOS))}")
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+
+
+def copy_to(name: str, directory: str) -> str:
+    """Copy scenario ``name`` (and its helper module) into ``directory``; returns the script path.
+
+    Run from there, the scenario is user code like any training script: hangdoc leaves its own
+    package's frames out of call sites, and would leave the scenario's out with them.
+    """
+    src = path(name)
+    os.makedirs(directory, exist_ok=True)
+    for f in (src, os.path.join(os.path.dirname(src), "_common.py")):
+        shutil.copyfile(f, os.path.join(directory, os.path.basename(f)))
+    return os.path.join(directory, os.path.basename(src))

@@ -117,11 +117,43 @@ def _store_failed() -> None:
     _store_cache["store"] = None
 
 
+class StoreTimeout(Exception):
+    """A store operation did not answer in time; the store is not used again."""
+
+
+def _op(store: Any, name: str, *args: Any) -> Any:
+    """``store.name(*args)`` with a hard time limit.
+
+    The store's own timeout does not bound every operation (a stopped or wedged server leaves
+    ``check``/``set`` waiting on the socket), so each runs in a daemon thread that is abandoned
+    when it does not return in time.
+    """
+    result: List[Any] = []
+
+    def call() -> None:
+        try:
+            result.append((True, getattr(store, name)(*args)))
+        except BaseException as e:  # handed to the caller
+            result.append((False, e))
+
+    t = threading.Thread(target=call, name="hangdoc-store-op", daemon=True)
+    t.start()
+    t.join(STORE_TIMEOUT + 0.5)
+    if not result:
+        _store_failed()
+        raise StoreTimeout(f"store {name} did not answer within {STORE_TIMEOUT + 0.5:g}s")
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _usable(store: Any) -> bool:
+    return store is not None and _store_cache.get("store") is store
+
+
 def _has(store: Any, key: str) -> bool:
-    try:
-        return bool(store.check([key]))
-    except Exception:
-        return False
+    return bool(_op(store, "check", [key]))
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -186,7 +218,7 @@ def withdraw(dog: Any) -> None:
     from hangdoc.runtime.identity import identity
 
     try:
-        store.delete_key(KEY.format(rank=identity().rank))
+        _op(store, "delete_key", KEY.format(rank=identity().rank))
     except Exception:
         pass
 
@@ -200,9 +232,9 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
     store = _store()
     if store is not None:
         try:
-            store.set(KEY.format(rank=ident.rank), json.dumps(entry))
+            _op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
         except Exception as e:
-            _say(f"hangdoc watchdog: store unreachable ({type(e).__name__}); using files in {dog.out_dir}")
+            _say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); using files in {dog.out_dir}")
             _store_failed()
             store = None
     elif ident.world_size > 1:
@@ -223,20 +255,29 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
     entries = {ident.rank: entry}
     deadline = time.monotonic() + COLLECT_WAIT
     while True:
-        if store is not None:
-            _collect_store(store, world, entries)
-        else:
+        if _usable(store):
+            try:
+                _collect_store(store, world, entries)
+            except StoreTimeout:
+                _say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
+        if not _usable(store):
             _collect_files(dog, entries)
         if len(entries) >= world or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
+    if len(entries) < world:
+        # ranks whose store operations failed still wrote their files; on a shared filesystem
+        # they are here
+        _collect_files(dog, entries)
     return _report(dog, ident, entries, world)
 
 
 def _lower_rank_posted(store: Any, dog: Any, rank: int) -> bool:
-    if store is not None:
+    if _usable(store):
         try:
-            return any(store.check([KEY.format(rank=r)]) for r in range(rank))
+            return any(_has(store, KEY.format(rank=r)) for r in range(rank))
+        except StoreTimeout:
+            _say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
         except Exception:
             return False
     return any(r < rank for r in _fresh_files(dog))
@@ -250,7 +291,9 @@ def _collect_store(store: Any, world: int, entries: Dict[int, Dict[str, Any]]) -
         if not _has(store, key):
             continue
         try:
-            entry = json.loads(store.get(key).decode("utf-8", "replace"))
+            entry = json.loads(_op(store, "get", key).decode("utf-8", "replace"))
+        except StoreTimeout:
+            raise
         except Exception:
             continue
         if isinstance(entry, dict):
