@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 
 import pytest
 from hypothesis import given, settings

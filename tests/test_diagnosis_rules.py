@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

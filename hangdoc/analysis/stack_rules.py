@@ -51,7 +51,6 @@ from hangdoc.model import (
     STATUS_OK,
     STATUS_STOPPED,
     STATUS_TRUNCATED,
-    STATUS_UNRESPONSIVE,
     Culprit,
     Finding,
     Process,
