@@ -165,7 +165,8 @@ code, .mono { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-
 .finding .summary { font-weight: 600; }
 .conf { color: var(--muted); font-size: 12px; margin-left: 6px; }
 .culprits a, a.g { color: var(--bad); font-weight: 600; }
-ul.ev, ul.adv { margin: 4px 0; padding-left: 20px; }
+ul.ev, ul.adv { margin: 4px 0; padding-left: 20px; font-size: 13px; }
+.cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 0 28px; }
 .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; margin-top: 6px; }
 .scroll { overflow: auto; border: 1px solid var(--line); border-radius: 6px; background: var(--bg); max-height: 85vh; }
 .note { color: var(--muted); }
@@ -261,14 +262,15 @@ class _Page:
                 rest = f" (all ranks: {esc(clip(compress_ranks(ranks), MAX_TEXT))})" if ranks else ""
                 out.append(f' <span class="note">and {_num(len(f.culprits) - len(shown))} more{rest}</span>')
             out.append("</div>")
+        out.append('<div class="cols">')
         for title, items, cls2 in (("evidence", f.evidence, "ev"), ("what to do", f.advice, "adv")):
             if items:
-                out.append(f'<div class="label">{title}</div><ul class="{cls2}">')
+                out.append(f'<div><div class="label">{title}</div><ul class="{cls2}">')
                 out.extend(f"<li>{esc(clip(x, 2000))}</li>" for x in items[:50])
                 if len(items) > 50:
                     out.append(f'<li class="note">… {_num(len(items) - 50)} more</li>')
-                out.append("</ul>")
-        out.append("</div>")
+                out.append("</ul></div>")
+        out.append("</div></div>")
         return "\n".join(out)
 
     def header(self) -> str:
