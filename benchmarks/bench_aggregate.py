@@ -39,8 +39,8 @@ TARGETS = {384: 0.3, 131072: 5.0}
 RSS_TARGET_MB = 500
 
 
-def run(cmd: List[str], cwd: str, env=None, shell: bool = False) -> Tuple[float, float, int, str]:
-    """(wall seconds, peak RSS in MB of the child and its waited-for descendants, exit status, stdout)."""
+def run(cmd: List[str], cwd: str, env=None, shell: bool = False) -> Tuple[float, float, int, str, float]:
+    """(wall s, peak RSS MB of the child and its waited-for descendants, exit status, stdout, CPU s)."""
     t = time.perf_counter()
     p = subprocess.Popen(cmd if not shell else cmd[0], cwd=cwd, env=env, shell=shell, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # read before waiting so a large report cannot fill the pipe and stall the child
@@ -51,7 +51,7 @@ def run(cmd: List[str], cwd: str, env=None, shell: bool = False) -> Tuple[float,
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
         sys.stderr.write(err.decode("utf-8", "replace")[-2000:])
-    return wall, usage.ru_maxrss / 1024.0, p.returncode, out.decode("utf-8", "replace")
+    return wall, usage.ru_maxrss / 1024.0, p.returncode, out.decode("utf-8", "replace"), usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--root", default=os.environ.get("HANGDOC_BENCH_DIR", "/tmp/hangdoc-bench"))
     ap.add_argument("--format", default="text", choices=("text", "json", "markdown"))
     ap.add_argument("--show", action="store_true", help="print the start of each report")
+    ap.add_argument("--stages", action="store_true", help="also time each stage in one process (read, group, rules, render)")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("HANGDOC_DEBUG", None)
@@ -85,8 +86,11 @@ def main() -> int:
             print("\n".join(best_p[3].splitlines()[:4]))
         rows.append((n, len(files), mb, best_h, best_p))
         _print_row(rows[-1])
+        if args.stages:
+            print("         stages (in-process, seconds): " + stages(d, env), flush=True)
     print()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, best of {args.repeat}; baseline: {PERL}")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}, best of {args.repeat}; baseline: {PERL}")
+    print("wall: elapsed time of the command; cpu: user+sys of the command and its children (less sensitive to other load)")
     return 0
 
 
@@ -97,14 +101,43 @@ def _print_row(row) -> None:
     global _header_done
     n, files, mb, h, p = row
     if not _header_done:
-        print(f"{'ranks':>7} {'files':>6} {'MB':>6} | {'hangdoc s':>9} {'RSS MB':>7} | {'perl s':>7} {'RSS MB':>7} | {'time ratio':>10} | target")
+        print(f"{'ranks':>7} {'files':>6} {'MB':>6} | {'hangdoc wall':>12} {'cpu':>6} {'RSS MB':>7} | {'perl wall':>9} {'cpu':>6} {'RSS MB':>7} | {'wall ratio':>10} | target")
         _header_done = True
     target = TARGETS.get(n)
     verdict = []
     if target is not None:
         verdict.append(f"≤{target} s {'ok' if h[0] <= target else 'MISSED'}")
     verdict.append(f"RSS≤{RSS_TARGET_MB} MB {'ok' if h[1] <= RSS_TARGET_MB else 'MISSED'}")
-    print(f"{n:>7} {files:>6} {mb:>6.1f} | {h[0]:>9.3f} {h[1]:>7.1f} | {p[0]:>7.3f} {p[1]:>7.1f} | {h[0] / max(p[0], 1e-9):>9.2f}x | {', '.join(verdict)}", flush=True)
+    print(f"{n:>7} {files:>6} {mb:>6.1f} | {h[0]:>12.3f} {h[4]:>6.2f} {h[1]:>7.1f} | {p[0]:>9.3f} {p[4]:>6.2f} {p[1]:>7.1f} | {h[0] / max(p[0], 1e-9):>9.1f}x | {', '.join(verdict)}", flush=True)
+
+
+STAGES = r"""
+import gc, json, sys, time
+gc.disable()
+t0 = time.perf_counter()
+from hangdoc.readers import read_paths, load_rank_map
+from hangdoc.analysis.grouping import build_report
+from hangdoc.analysis.diagnose import diagnose
+from hangdoc.renderers import RenderOptions, render
+t1 = time.perf_counter(); job = read_paths(["."], rank_map=load_rank_map("rank-map.json"))
+t2 = time.perf_counter(); report = build_report(job)
+t3 = time.perf_counter(); report.findings = diagnose(report)
+t4 = time.perf_counter(); render(report, "text", RenderOptions())
+t5 = time.perf_counter(); render(report, "json", RenderOptions())
+t6 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "read": t2 - t1, "group": t3 - t2, "rules": t4 - t3, "text": t5 - t4, "json": t6 - t5}))
+"""
+
+
+def stages(d: str, env) -> str:
+    """Per-stage seconds in one process: where the time goes (readers, grouping, rules, renderers)."""
+    r = subprocess.run([sys.executable, "-c", STAGES], cwd=d, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        return "failed: " + r.stderr.strip().splitlines()[-1]
+    import json
+
+    t = json.loads(r.stdout)
+    return "  ".join(f"{k} {v:.2f}" for k, v in t.items())
 
 
 if __name__ == "__main__":
