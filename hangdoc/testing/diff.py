@@ -30,12 +30,16 @@ MAX_COLUMNS = 3
 CELL = 44
 
 
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+
+
 def by_rank(records: Iterable[CollectiveRecord]) -> Dict[int, Dict[str, List[CollectiveRecord]]]:
-    """rank -> group -> records in seq order; calls of a rank on a group it is not in are dropped
-    (torch makes them no-ops, so they are not part of that group's sequence)."""
+    """rank -> group -> collective records in seq order. Point-to-point calls are left out (they
+    pair up by peer, not by position), and so are calls of a rank on a group it is not in (torch
+    makes them no-ops, so they are not part of that group's sequence)."""
     out: Dict[int, Dict[str, List[CollectiveRecord]]] = {}
     for r in records:
-        if r.group_ranks and r.rank not in r.group_ranks:
+        if (r.group_ranks and r.rank not in r.group_ranks) or r.op in P2P_OPS:
             continue
         out.setdefault(r.rank, {}).setdefault(r.group, []).append(r)
     for groups in out.values():
@@ -146,7 +150,9 @@ def _first_difference(columns: List[List[CollectiveRecord]]) -> int:
 def format_divergences(records: Iterable[CollectiveRecord], divergences: Sequence, world_size: Optional[int] = None) -> str:
     """The failure text for ``divergences`` (from ``hangdoc.analysis.sequence.divergences``):
     the first divergence of each process group, side by side."""
-    recs = list(records)
+    from hangdoc.testing.order import _renumber
+
+    recs = _renumber(list(records))
     ranks = by_rank(recs)
     first: Dict[str, object] = {}
     for d in divergences:

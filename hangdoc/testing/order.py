@@ -119,7 +119,7 @@ def find_divergences(records: Sequence[CollectiveRecord], ranks: Sequence[int] =
     from hangdoc.analysis.sequence import Divergence, divergences
     from hangdoc.testing.diff import member_records
 
-    recs = member_records(records)
+    recs = _renumber(member_records(records))
     found = list(divergences(recs))
     groups: Dict[str, Dict[int, List[CollectiveRecord]]] = {}
     for r in recs:
@@ -147,6 +147,25 @@ def find_divergences(records: Sequence[CollectiveRecord], ranks: Sequence[int] =
 
 
 _P2P = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+
+
+def _renumber(records: Sequence[CollectiveRecord]) -> List[CollectiveRecord]:
+    """Collectives numbered 0, 1, 2... per rank and group, point-to-point calls left out of the count.
+
+    The recorder's ``seq`` counts every call of a group, sends and receives included, so the n-th
+    collective carries a different seq on a pipeline stage that sends twice as often; the alignment
+    would read that as a ring buffer that lost records. A test's buffer never wraps.
+    """
+    out: List[CollectiveRecord] = []
+    count: Dict[Tuple[int, str], int] = {}
+    for r in sorted(records, key=lambda r: (r.rank, r.group, r.seq)):
+        if r.op in _P2P:
+            out.append(r)
+            continue
+        k = count.get((r.rank, r.group), 0)
+        count[(r.rank, r.group)] = k + 1
+        out.append(r if r.seq == k else dataclasses.replace(r, seq=k))
+    return out
 
 
 def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[int, List[CollectiveRecord]], Dict[int, BaseException]]:

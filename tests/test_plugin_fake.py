@@ -1,0 +1,258 @@
+"""The pytest plugin on the fake backend: ranks run in-process, so these runs take milliseconds.
+
+Each test writes a small test file, runs pytest on it through ``pytester`` (in this process), and
+checks the outcome and the failure message that a user would read.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+import pytest
+
+pytest_plugins = ["pytester"]
+torch = pytest.importorskip("torch")
+
+# Imported here, once: pytester's in-process runs restore sys.modules afterwards, so whatever a
+# run imports for the first time is imported (and assertion-rewritten) again by the next run.
+import hypothesis  # noqa: E402,F401
+import torch.distributed  # noqa: E402,F401
+import torch.testing._internal.distributed.fake_pg  # noqa: E402,F401
+
+import hangdoc.analysis.sequence  # noqa: E402,F401
+import hangdoc.runtime.recorder  # noqa: E402,F401
+import hangdoc.testing.order  # noqa: E402,F401
+import hangdoc.testing.plugin  # noqa: E402,F401
+
+
+def plugin_args():
+    """``-p hangdoc.testing.plugin`` unless the installed entry point loads it already."""
+    eps = importlib.metadata.entry_points()
+    group = eps.select(group="pytest11") if hasattr(eps, "select") else eps.get("pytest11", [])
+    if any(ep.value == "hangdoc.testing.plugin" for ep in group):
+        return []
+    return ["-p", "hangdoc.testing.plugin"]
+
+
+def run(pytester, *args):
+    return pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", *args)
+
+
+def failure_text(result, name):
+    """The failure section of test ``name`` in pytest's output."""
+    out = result.stdout.str()
+    m = re.search(r"_{3,} " + re.escape(name) + r" _{3,}\n(.*?)(?=\n_{3,} \w|\n={3,} )", out, re.S)
+    assert m, f"no failure section for {name} in:\n{out}"
+    return m.group(1)
+
+
+HEADER = """
+import pytest, torch
+import torch.distributed as dist
+"""
+
+
+def test_passing_ranks_and_fixtures(pytester):
+    pytester.makepyfile(HEADER + """
+@pytest.mark.world_size(8, backend="fake")
+def test_ok(rank, world_size, collective_trace, tmp_path):
+    assert dist.get_rank() == rank and dist.get_world_size() == world_size == 8
+    dist.all_reduce(torch.ones(4))
+    dist.broadcast(torch.ones(2), src=0)
+    assert collective_trace.ops() == ["all_reduce", "broadcast"]
+    assert tmp_path.is_dir()
+
+@pytest.mark.world_size(64, backend="fake")
+def test_pipeline_schedule_ok(rank, world_size):
+    x = torch.ones(16)
+    for micro in range(4):
+        if rank > 0:
+            dist.recv(x, src=rank - 1)
+        if rank < world_size - 1:
+            dist.send(x, dst=rank + 1)
+    dist.all_reduce(x)
+
+def test_unmarked():
+    pass
+""")
+    result = run(pytester)
+    result.assert_outcomes(passed=3)
+
+
+def test_skipped_broadcast(pytester):
+    pytester.makepyfile(test_skip=HEADER + """
+@pytest.mark.world_size(4, backend="fake")
+def test_skip(rank):
+    dist.all_reduce(torch.ones(4))
+    if rank != 1:
+        dist.broadcast(torch.ones(8), src=0)
+    dist.all_reduce(torch.ones(4))
+""")
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_skip")
+    assert "collective order diverged (world size 4, fake backend)" in text
+    assert "rank 1 never issued broadcast #1 ([8] float32, src=0) that ranks 0,2-3 issued at test_skip.py:8" in text
+    # side by side: the agreeing ranks left, rank 1 right, the first divergence marked
+    assert re.search(r"rank 0 \(as ranks 0,2-3\)\s+\| rank 1", text)
+    assert re.search(r"> #1\s+broadcast\(\[8\] float32, src=0\)\s+test_skip.py:8 test_skip\s+! all_reduce\(\[4\] float32\)\s+test_skip.py:9", text)
+    # a few rows, not a wall of records; no Python traceback of the plugin
+    assert len(text.strip().splitlines()) < 12
+    assert "plugin.py" not in text
+
+
+def test_shape_mismatch(pytester):
+    pytester.makepyfile(test_shape=HEADER + """
+@pytest.mark.world_size(3, backend="fake")
+def test_shape(rank):
+    n = 5 if rank == 2 else 4
+    dist.all_reduce(torch.ones(n))
+""")
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_shape")
+    assert "rank 2 issued all_reduce([5] float32) at test_shape.py:7 where ranks 0-1 issued all_reduce #0 ([4] float32)" in text
+    assert "(shape mismatch)" in text
+    assert re.search(r"> #0\s+all_reduce\(\[4\] float32\).*! all_reduce\(\[5\] float32\)", text)
+
+
+def test_uneven_loop_count(pytester):
+    pytester.makepyfile(test_uneven=HEADER + """
+@pytest.mark.world_size(4, backend="fake")
+def test_uneven(rank):
+    batches = 3 if rank == 3 else 2
+    for _ in range(batches):
+        dist.all_reduce(torch.ones(4))
+""")
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_uneven")
+    assert "rank 3 issued all_reduce #2 ([4] float32) at test_uneven.py:8 that ranks 0-2 never issued" in text
+    assert re.search(r"> #2\s+\(nothing\)\s+! all_reduce\(\[4\] float32\)\s+test_uneven.py:8", text)
+
+
+def test_pipeline_send_recv_order(pytester):
+    pytester.makepyfile(test_pp=HEADER + """
+@pytest.mark.world_size(4, backend="fake")
+def test_pp(rank, world_size):
+    x, last = torch.ones(16), world_size - 1
+    if rank == last:
+        dist.send(x, dst=rank - 1)      # the bug: the gradient goes back before the activation came in
+        dist.recv(x, src=rank - 1)
+        return
+    if rank > 0:
+        dist.recv(x, src=rank - 1)      # activation in
+    dist.send(x, dst=rank + 1)          # activation out
+    dist.recv(x, src=rank + 1)          # gradient in
+    if rank > 0:
+        dist.send(x, dst=rank - 1)      # gradient out
+""")
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_pp")
+    assert "point-to-point schedule is wrong (world size 4, fake backend)" in text
+    assert "the schedule deadlocks under blocking semantics: rank 2 -> rank 3 -> rank 2" in text
+    assert "rank 3 blocks in send([16] float32, peer=2) at test_pp.py:8, waiting for rank 2" in text
+    assert "rank 2 blocks in send([16] float32, peer=3) at test_pp.py:13, waiting for rank 3" in text
+    assert re.search(r"rank 2\s+\| rank 3", text)
+
+
+def test_p2p_shape_mismatch_and_unmatched(pytester):
+    pytester.makepyfile(test_p2p=HEADER + """
+@pytest.mark.world_size(2, backend="fake")
+def test_mismatch(rank):
+    if rank == 0:
+        dist.send(torch.ones(4), dst=1)
+    else:
+        dist.recv(torch.ones(5), src=0)
+
+@pytest.mark.world_size(2, backend="fake")
+def test_unmatched(rank):
+    if rank == 0:
+        req = dist.isend(torch.ones(4), dst=1)
+""")
+    result = run(pytester)
+    result.assert_outcomes(failed=2)
+    assert "rank 0 sent send([4] float32, peer=1) at test_p2p.py:7 but rank 1 received it as recv([5] float32, peer=0)" in failure_text(result, "test_mismatch")
+    assert "rank 0 posted 1 send to rank 1 that rank 1 never received" in failure_text(result, "test_unmatched")
+
+
+def test_exception_on_one_rank(pytester):
+    pytester.makepyfile(test_exc=HEADER + """
+@pytest.mark.world_size(4, backend="fake")
+def test_exc(rank):
+    dist.all_reduce(torch.ones(1))
+    assert rank != 2, "rank two is unhappy"
+""")
+    result = run(pytester)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_exc")
+    assert "AssertionError: rank two is unhappy" in text
+    assert "raised on rank 2 of 4 (fake backend" in text
+
+
+def test_fixture_that_needs_the_rank_moves_fake_runs_into_rank_processes(pytester):
+    from hangdoc.testing.plugin import _in_process, _spec
+
+    pytester.makeconftest("""
+import pytest
+@pytest.fixture
+def shard(rank, world_size):
+    return list(range(rank, 10, world_size))
+""")
+    modcol = pytester.getmodulecol(HEADER + """
+@pytest.mark.world_size(2, backend="fake")
+def test_shard(rank, shard):
+    pass
+
+@pytest.mark.world_size(2, backend="fake")
+def test_plain(rank, tmp_path):
+    pass
+
+@pytest.mark.world_size(2)
+def test_gloo(rank):
+    pass
+""", configargs=plugin_args())
+    items = pytester.genitems([modcol])
+    assert [_in_process(item, _spec(item)) for item in items] == [False, True, False]
+
+
+def test_x_k_and_last_failed(pytester):
+    pytester.makepyfile(test_sel=HEADER + """
+@pytest.mark.world_size(2, backend="fake")
+def test_a_bad(rank):
+    if rank == 0:
+        dist.barrier()
+
+@pytest.mark.world_size(2, backend="fake")
+def test_b_bad(rank):
+    dist.all_reduce(torch.ones(1 + rank))
+
+@pytest.mark.world_size(2, backend="fake")
+def test_c_good(rank):
+    dist.barrier()
+""")
+    r = pytester.runpytest(*plugin_args(), "-x")
+    r.assert_outcomes(failed=1)  # -x stops after the first divergence
+    r = pytester.runpytest(*plugin_args())
+    r.assert_outcomes(failed=2, passed=1)
+    r = pytester.runpytest(*plugin_args(), "--lf", "-k", "b_bad")
+    r.assert_outcomes(failed=1)
+    assert "test_a_bad" not in r.stdout.str() and "test_c_good" not in r.stdout.str()
+
+
+def test_bad_mark_is_a_usage_error(pytester):
+    pytester.makepyfile(HEADER + """
+@pytest.mark.world_size(2, backend="nccl-on-cpu")
+def test_x(rank):
+    pass
+""")
+    result = run(pytester)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*world_size backend must be one of*nccl-on-cpu*"])
+
+
+def test_hangdoc_timeout_option_is_registered(pytester):
+    result = pytester.runpytest(*plugin_args(), "--help")
+    result.stdout.fnmatch_lines(["*--hangdoc-timeout=SECONDS*"])
