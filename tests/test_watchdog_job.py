@@ -130,7 +130,10 @@ def test_store_unreachable_falls_back_to_files(tmp_path):
         assert len(verdicts) == 1 and ":0] " in verdicts[0], job.log
         # both ranks' dumps reached the report although the store never answered
         assert json.load(open(os.path.join(out, "report.json")))["processes"] == 2
-        assert "dumps from ranks 0-1 of 2" in job.log
+        assert "dumps from ranks 0-1 of 2" in job.log, job.log
+        names = os.listdir(out)
+        for rank in (0, 1):
+            assert any(re.match(rf"collectives-.*-r{rank}-\d+\.jsonl$", n) for n in names), (names, job.log)
     finally:
         pids = stop_job(job.proc, grace=0.5)  # a stopped launcher does not act on SIGTERM
         job.proc.wait(timeout=10)
