@@ -546,7 +546,26 @@ def wait_of(process) -> Wait:
     t = process.main_thread
     if t is None or not t.frames:
         return Wait("unknown")
-    return classify_stack(t.frames, t.state)
+    w = classify_stack(t.frames, t.state)
+    if w.category == "host-sync" and w.op == "wait" and len(process.threads) > 1:
+        # Native-only dumps (gdb) show the main thread in Work::wait; with gloo the collective
+        # itself runs on a "pt_gloo_runloop" thread, whose stack names it.
+        ops = {}
+        for other in process.threads:
+            if other is t:
+                continue
+            for f in other.frames:
+                m = _GLOO_RUNLOOP_OP.search(f.function)
+                if m:
+                    ops.setdefault(_GLOO_OPS.get(m.group(1), m.group(1)), f)
+                    break
+        if len(ops) == 1:
+            (op, frame), = ops.items()
+            w = Wait("collective", op, frame, w.call_site, None, w.root, False, "from the gloo worker thread")
+    return w
+
+
+_GLOO_RUNLOOP_OP = re.compile(r"gloo::(?:\(anonymous namespace\)::)?(allreduce|broadcast|allgatherv?|barrier|reduce_scatter|reduce|gather|scatter|alltoallv?)\(")
 
 
 @functools.lru_cache(maxsize=4096)
