@@ -178,3 +178,34 @@ def test_usage_errors_exit_2(tmp_path):
     bad.write_text("node1:12610 zero\n")
     rc, _, err = hangdoc(os.path.join(SKIP, "plain"), "--rank-map", str(bad))
     assert rc == 2 and err.strip() == f"hangdoc aggregate: error: {bad}:1: expected 'KEY RANK' (KEY is host:pid or pid), got 'node1:12610 zero'"
+
+
+def test_progress_only_on_a_terminal_and_only_after_the_delay(monkeypatch):
+    import io
+    import time
+
+    from hangdoc.cli import aggregate
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    p = aggregate.Progress(after=0.0)
+    p.stage("reading file 3/9")
+    time.sleep(0.6)
+    p.done()
+    text = tty.getvalue()
+    assert "hangdoc: reading file 3/9…" in text and text.endswith("\r\033[K")
+
+    quiet = Tty()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    p = aggregate.Progress(after=30.0)  # a run shorter than the delay prints nothing
+    p.stage("reading")
+    time.sleep(0.3)
+    p.done()
+    assert quiet.getvalue() == ""
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no thread at all
+    assert aggregate.Progress(after=0.0)._thread is None
