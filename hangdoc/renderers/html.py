@@ -402,20 +402,22 @@ class _Page:
     def host_section(self) -> str:
         # Hosts with the same processes-per-host and the same groups fold into one row, so 16,384
         # identical nodes are one line and the odd host stands out.
-        group_of: Dict[int, int] = {}
+        # One pass over the groups' members (every process is in exactly one group).
+        count: Dict[str, int] = defaultdict(int)
+        host_groups: Dict[str, Set[int]] = defaultdict(set)
+        host_ranks: Dict[str, List[int]] = defaultdict(list)
         for i, g in enumerate(self.groups):
             for p in g.members:
-                group_of[id(p)] = i
-        procs = self.report.job.processes if self.report.job is not None else []
-        if not procs:
-            procs = [p for g in self.groups for p in g.members]
-        per_host: Dict[str, List[Process]] = defaultdict(list)
-        for p in procs:
-            per_host[p.host or ""].append(p)
+                h = p.host or ""
+                count[h] += 1
+                host_groups[h].add(i)
+                if p.rank is not None:
+                    host_ranks[h].append(p.rank)
+        per_host = count
         rows: Dict[Tuple[int, Tuple[int, ...]], List[str]] = defaultdict(list)
-        for host, ps in per_host.items():
-            gs = tuple(sorted({group_of[id(p)] for p in ps if id(p) in group_of}))
-            rows[(len(ps), gs)].append(host)
+        for host, n in count.items():
+            gs = host_groups[host]
+            rows[(n, tuple(gs) if len(gs) == 1 else tuple(sorted(gs)))].append(host)
         ordered = sorted(rows.items(), key=lambda kv: (not any(g in self.view.culprit_groups for g in kv[0][1]), min(kv[1])))
         out = [f'<section id="hosts"><h2>Hosts ({_num(len(per_host))})</h2>',
                '<table><tr><th>hosts</th><th>count</th><th>processes each</th><th>ranks</th><th>groups</th></tr>']
@@ -424,7 +426,7 @@ class _Page:
             label = compress_hosts(named) if named else ""
             if len(named) < len(hosts):
                 label = (label + ", " if label else "") + "(unknown host)"
-            ranks = sorted(p.rank for h in hosts for p in per_host[h] if p.rank is not None)
+            ranks = [r for h in hosts for r in host_ranks[h]]
             glinks = " ".join(self.glink(g) for g in gs[:30]) + (f" +{len(gs) - 30}" if len(gs) > 30 else "")
             cls = ' style="background:#fdecea"' if any(g in self.view.culprit_groups for g in gs) else ""
             out.append(
