@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     # a job left behind by accident ends by itself
     env["HANGDOC_DEMO_GLOO_TIMEOUT"] = str(int(args.timeout + 120))
-    script = examples.copy_to(scenario.name, os.path.join(out, "scenario"))
+    # outside the output directory, so that `hangdoc aggregate OUT` reads only hangdoc's files
+    scenario_dir = tempfile.mkdtemp(prefix="hangdoc-demo-scenario-")
+    script = examples.copy_to(scenario.name, scenario_dir)
     cmd = command(script, nproc, args.timeout, out, free_port())
     say = _Printer(quiet=args.quiet)
     say.info(f"hangdoc demo: {scenario.name}: {scenario.summary}")
@@ -116,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         say.stop()
         stop_job(proc)
+        shutil.rmtree(scenario_dir, ignore_errors=True)
     elapsed = time.monotonic() - started
     report = os.path.join(out, "report.txt")
     if verdict.is_set() and os.path.exists(report):

@@ -38,7 +38,7 @@ SCENARIOS: Dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario("skip_broadcast", "the last rank skips a broadcast and goes on to the next all_reduce", 4, 3, "collective-mismatch"),
-        Scenario("dataloader", "a DataLoader worker of rank 1 never returns a batch; the others wait in all_reduce", 2, 1, "dataloader-stall"),
+        Scenario("dataloader", "a DataLoader worker of rank 1 never returns a batch; the others wait in all_reduce", 3, 1, "dataloader-stall"),
         Scenario("pipeline", "every pipeline stage receives from the previous one before sending: a p2p cycle", 3, 0, "p2p-cycle"),
     )
 }

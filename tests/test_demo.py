@@ -1,0 +1,60 @@
+"""``hangdoc demo``, the README's first command: a real 4-rank hang on gloo, diagnosed, then gone."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hangdoc.cli.demo import alive
+from tests.procs import env_for
+
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed", allow_module_level=True)
+
+
+def _processes_mentioning(text):
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(name))
+        except OSError:
+            pass
+    return [p for p in found if alive(p)]
+
+
+def test_demo_prints_the_verdict_and_leaves_nothing_running(tmp_path):
+    out = str(tmp_path / "demo-out")
+    p = subprocess.Popen([sys.executable, "-m", "hangdoc", "demo", "--out", out], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env_for(), start_new_session=True)
+    try:
+        log, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+            p.wait()
+    assert p.returncode == 0, log
+    # the verdict comes from rank 0 through the job's log, and names the rank that skipped
+    assert re.search(r"^\[[\w.-]+:0\] hangdoc: VERDICT: \[collective-mismatch\] rank 3 ", log, re.M), log
+    assert re.search(r"^\[[\w.-]+:0\] hangdoc:   culprit: rank 3 ", log, re.M), log
+    assert "hangdoc demo: verdict" in log and os.path.exists(os.path.join(out, "report.json"))
+    # every rank dumped, and no process of the job (ranks by pid, torchrun by its --out) survives
+    pids = [int(m.group(1)) for n in os.listdir(out) for m in [re.match(r"stacks-.*-r\d-(\d+)\.txt$", n)] if m]
+    assert len(pids) == 4
+    assert not [pid for pid in pids if alive(pid)]
+    assert _processes_mentioning(out) == []
+    # torchrun's shutdown noise after the verdict is not shown
+    assert "SignalException" not in log and "Traceback" not in log
+
+
+def test_demo_list_and_unknown_scenario():
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "demo", "--list"], stdout=subprocess.PIPE, text=True, env=env_for(), timeout=30)
+    assert r.returncode == 0 and "skip_broadcast" in r.stdout and "pipeline" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "demo", "nope"], stderr=subprocess.PIPE, text=True, env=env_for(), timeout=30)
+    assert r.returncode == 2 and "unknown scenario 'nope'" in r.stderr
