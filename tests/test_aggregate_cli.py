@@ -60,6 +60,9 @@ def test_json_to_file_atomically_and_same_as_stdout(tmp_path):
     assert rc == 0 and out == "", err
     doc = json.loads(target.read_text())
     assert [p.name for p in target.parent.iterdir()] == ["report.json"]  # no temporary left behind
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
     rc, out, _ = hangdoc(os.path.join(SKIP, "plain"), "--rank-map", TRUTH, "--format", "json")
     assert rc == 0 and json.loads(out) == doc
     assert doc["version"] == 1 and doc["processes"] == 4 and doc["world_size"] == 4
@@ -125,6 +128,14 @@ def test_formats_markdown_and_granularity_and_plumbing():
     assert "wrapper (torch/distributed/c10d_logger.py:83)" not in folded
     rc, fn, _ = hangdoc(os.path.join(SKIP, "plain"), "--granularity", "function", "--format", "json")
     assert rc == 0 and json.loads(fn)["granularity"] == "function"
+
+
+@pytest.mark.parametrize("suffix,head", [(".html", "<!DOCTYPE html"), (".md", "# hangdoc report"), (".txt", "hangdoc: 4 processes")])
+def test_format_follows_the_output_suffix(tmp_path, suffix, head):
+    target = tmp_path / f"report{suffix}"
+    rc, out, err = hangdoc(os.path.join(SKIP, "plain"), "-o", str(target))
+    assert rc == 0 and out == "", err
+    assert target.read_text().lstrip().lower().startswith(head.lower())
 
 
 def test_colour_always_and_never():
