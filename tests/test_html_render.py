@@ -266,7 +266,8 @@ names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=30)
 def test_arbitrary_dump_strings_never_become_markup(function, file, host, summary, line):
     hostile = Frame(function, file, line)
     procs = [
-        Process(host=host, pid=1, rank=0, threads=[Thread("1", "MainThread", TRUNK + (hostile,), is_main=True)]),
+        Process(host=host, pid=1, rank=0, threads=[Thread("1", "MainThread", TRUNK + (hostile,), is_main=True),
+                                                   Thread("2", summary, (hostile,))]),
         Process(host="n2", pid=2, rank=1, threads=[Thread("1", "MainThread", ALL_REDUCE, is_main=True)]),
     ]
     report = build_report(Job(processes=procs, sources=[Source(file, 2, errors=[ParseError(file, 3, summary)])], world_size=2))
@@ -291,3 +292,20 @@ def test_root_is_drawn_when_stacks_differ_from_the_first_frame():
     assert texts[:2] == ["4 processes", "2 groups"]
     assert any("G2 · 1 process" in (t or "") for t in texts)  # the unresponsive group ends at the root
     assert "unresponsive: Error: Failed to get stack traces" in page
+
+
+def test_real_dumps_other_threads_and_processes_without_rank():
+    import os
+
+    from hangdoc.analysis import analyse
+    from hangdoc.readers import read_paths
+
+    report = analyse(read_paths([os.path.join(os.path.dirname(__file__), "fixtures/bloom/2-nodes")]))
+    page = render(report, "html", RenderOptions())
+    t = assert_only_our_markup(page)
+    threads = page[page.index('id="threads"'):page.index('id="hosts"')]
+    assert '<td class="n">16</td><td class="n">16</td><td class="mono">Thread-1</td>' in threads  # the pin-memory threads
+    assert "no ranks in the dumps" in page
+    # processes without a rank are named by pid and host, on the edges and in the groups
+    assert re.search(r'<text class="el culprit" x="\d+" y="[\d.]+">jean-zay-iam48 pid</text>', page)
+    assert re.search(r"pids? [\d,-]+ on jean-zay-iam4[89]", "".join(t.text))

@@ -26,7 +26,7 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from hangdoc.model import Culprit, Finding, Frame, Group, Process, Report
+from hangdoc.model import STATUS_OK, Culprit, Finding, Frame, Group, Process, Report
 from hangdoc.ranges import compress_hosts, compress_ranks, describe_ranks
 from hangdoc.renderers import treeview
 from hangdoc.renderers.treeview import Line, View, ViewNode
@@ -53,6 +53,7 @@ MAX_TEXT = 600
 MAX_ROWS = 300
 MAX_ERRORS = 500
 MAX_CULPRITS = 40
+MAX_THREAD_ROWS = 30
 
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
@@ -368,7 +369,7 @@ class _Page:
             g = self.groups[i]
             culprit = i in v.culprit_groups
             hosts = compress_hosts(p.host for p in g.members if p.host)
-            head = [f"G{i + 1}", _plural(g.count, "process")]
+            head = [f"G{i + 1}", _plural(g.count, "process")] + ([g.status] if g.status != STATUS_OK else [])
             if g.ranks:
                 head.append(clip(describe_ranks(g.ranks), MAX_TEXT))
             out.append(f'<article class="group{" culprit" if culprit else ""}" id="group-{i + 1}" data-group="{i}">')
@@ -396,6 +397,26 @@ class _Page:
             out.append("</table>")
             if len(rest) > MAX_ROWS:
                 out.append(f'<p class="note">… {_plural(len(rest) - MAX_ROWS, "more group")} (see <code>--format json</code>).</p>')
+        out.append("</section>")
+        return "\n".join(out)
+
+    def thread_section(self) -> str:
+        tgs = self.report.thread_groups
+        if not tgs:
+            return ""
+        out = [f'<section id="threads"><h2>Other threads ({_plural(len(tgs), "group")})</h2>',
+               '<p class="note">Threads other than the main thread, grouped by stack like the processes.</p>',
+               "<table><tr><th>threads</th><th>processes</th><th>names</th><th>where</th></tr>"]
+        for g in tgs[:MAX_THREAD_ROWS]:
+            names = ", ".join(g.thread_names[:5]) + (f" +{len(g.thread_names) - 5}" if len(g.thread_names) > 5 else "")
+            where = g.summary or (g.stack[-1].label() if g.stack else "")
+            out.append(
+                f'<tr><td class="n">{_num(g.threads or g.count)}</td><td class="n">{_num(g.count)}</td>'
+                f'<td class="mono">{esc(clip(names, 200))}</td><td>{esc(clip(where, 300))}</td></tr>'
+            )
+        out.append("</table>")
+        if len(tgs) > MAX_THREAD_ROWS:
+            out.append(f'<p class="note">… {_plural(len(tgs) - MAX_THREAD_ROWS, "more group")} (see <code>--format json</code>).</p>')
         out.append("</section>")
         return "\n".join(out)
 
@@ -482,6 +503,7 @@ class _Page:
             self.verdict(),
             self.tree(),
             self.group_section(),
+            self.thread_section(),
             self.host_section(),
             self.source_section(),
             "</main>",
