@@ -307,5 +307,5 @@ def test_real_dumps_other_threads_and_processes_without_rank():
     assert '<td class="n">16</td><td class="n">16</td><td class="mono">Thread-1</td>' in threads  # the pin-memory threads
     assert "no ranks in the dumps" in page
     # processes without a rank are named by pid and host, on the edges and in the groups
-    assert re.search(r'<text class="el culprit" x="\d+" y="[\d.]+">jean-zay-iam48 pid</text>', page)
+    assert re.search(r'<text class="el culprit" x="\d+" y="[\d.]+">jean-zay-iam48</text><text class="el culprit" x="\d+" y="[\d.]+">pid 688514</text>', page)
     assert re.search(r"pids? [\d,-]+ on jean-zay-iam4[89]", "".join(t.text))

@@ -673,7 +673,11 @@ class _TreePicture:
         label = [f'<g><title>{esc(full)}</title>']
         # a host list reads as one without saying so; the space goes to the list itself
         short = top.split(" ", 1)[1] if top.startswith(("hosts ", "host ")) else top
-        rows = wrap(short, EDGE_CHARS, 2) if short else []
+        if len(short) > EDGE_CHARS and " pid " in short:  # "host pid N": the host on one line, the pid below
+            host, pid = short.rsplit(" pid ", 1)
+            rows = [clip(host, EDGE_CHARS), clip("pid " + pid, EDGE_CHARS)]
+        else:
+            rows = wrap(short, EDGE_CHARS, 2) if short else []
         for k, row in enumerate(rows):
             y = y1 - 6 - 14 * (len(rows) - 1 - k)
             label.append(f'<text class="{lcls}" x="{lx:.0f}" y="{y:.1f}">{esc(row)}</text>')
