@@ -64,7 +64,7 @@ class ProcessInfo:
         if any(x in cmd for x in _LAUNCHERS):
             return "launcher"
         if "from multiprocessing" in cmd or "multiprocessing.spawn" in cmd or "multiprocessing.forkserver" in cmd:
-            return "worker"
+            return "dataloader-worker"
         return ""
 
 
@@ -143,18 +143,27 @@ def find_processes(launcher_pid: Optional[int] = None, all_users: bool = False) 
     return [infos[p] for p in pids if p in infos and p not in ancestors and infos[p].is_python]
 
 
-def tag_for(info: ProcessInfo, host: Optional[str] = None, **extra: object) -> str:
-    """The tag line of one process: identity from its environment, role from its command line."""
+def tag_for(info: ProcessInfo, host: Optional[str] = None, parent: Optional[ProcessInfo] = None, **extra: object) -> str:
+    """The tag line of one process: identity from its environment, role from its command line.
+
+    A child of a rank with the rank's own RANK (a forked DataLoader worker inherits the
+    environment) is that rank's worker, not a second process of the same rank.
+    """
     env = info.environ
     rank = _first_int(env, _RANK_VARS)
     role = info.role
+    parent_rank = None
+    if parent is not None and parent.is_python and rank is not None and parent.role != "launcher" \
+            and _first_int(parent.environ, _RANK_VARS) == rank:
+        role, parent_rank, rank = "dataloader-worker", rank, None
     fields: Dict[str, object] = dict(
         host=host or env.get("HANGDOC_HOST") or short_hostname(),
         pid=info.pid,
         ppid=info.ppid,
         rank=None if role == "launcher" else rank,
-        local_rank=None if role == "launcher" else _first_int(env, _LOCAL_RANK_VARS),
+        local_rank=None if role in ("launcher", "dataloader-worker") else _first_int(env, _LOCAL_RANK_VARS),
         world_size=_first_int(env, _WORLD_VARS),
+        parent_rank=parent_rank,
     )
     if role:
         fields["role"] = role
@@ -289,10 +298,10 @@ class Options:
     host: Optional[str] = None
 
 
-def dump_process(info: ProcessInfo, options: Options) -> str:
+def dump_process(info: ProcessInfo, options: Options, parent: Optional[ProcessInfo] = None) -> str:
     """One process's block: tag line, then the dump (or the reasons it could not be taken)."""
     if info.state == "Z":
-        return tag_for(info, options.host, status="stopped", reason="zombie") + "\n"
+        return tag_for(info, options.host, parent, status="stopped", reason="zombie") + "\nError: zombie process (state Z)\n"
     extra: Dict[str, object] = {}
     nonblocking = options.nonblocking
     if info.state in ("T", "t"):
@@ -314,12 +323,15 @@ def dump_process(info: ProcessInfo, options: Options) -> str:
     if not attempt.ok:
         if info.state in ("T", "t"):
             reasons.insert(0, f"stopped (state {info.state})")
-        return tag_for(info, options.host, status="unresponsive" if not extra else "stopped",
-                       reason=_one_line("; ".join(reasons))) + "\n"
+        # the readers take an "Error: ..." line after a tag, as py-spy prints it, for a process
+        # that could not be dumped
+        return (tag_for(info, options.host, parent, status="unresponsive" if not extra else "stopped",
+                        reason=_one_line("; ".join(reasons)))
+                + "\nError: " + " ".join("; ".join(reasons).split()) + "\n")
     if attempt.how != "py-spy":
         extra["dumper"] = attempt.how
     text = attempt.text if attempt.text.endswith("\n") else attempt.text + "\n"
-    return tag_for(info, options.host, **extra) + "\n" + text
+    return tag_for(info, options.host, parent, **extra) + "\n" + text
 
 
 def dump(processes: Iterable[ProcessInfo], options: Optional[Options] = None, workers: int = 4) -> str:
@@ -328,8 +340,9 @@ def dump(processes: Iterable[ProcessInfo], options: Optional[Options] = None, wo
     procs = sorted(processes, key=lambda i: i.pid)
     if not procs:
         return ""
+    by_pid = {i.pid: i for i in procs}
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(procs)))) as pool:
-        blocks = list(pool.map(lambda i: dump_process(i, options), procs))
+        blocks = list(pool.map(lambda i: dump_process(i, options, by_pid.get(i.ppid) or describe(i.ppid)), procs))
     return "\n".join(blocks)
 
 

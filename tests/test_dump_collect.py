@@ -26,6 +26,10 @@ TARGET = textwrap.dedent(
     def waiting_for_godot():
         threading.Event().wait()
 
+    if {fork!r}:
+        import os
+        if os.fork() == 0:
+            waiting_for_godot()  # a worker forked by the rank, with the rank's environment
     print("ready", flush=True)
     waiting_for_godot()
     """
@@ -36,8 +40,8 @@ TARGET = textwrap.dedent(
 def target(tmp_path):
     started = []
 
-    def start(wrapped=False, env=None):
-        code = TARGET.format(root=ROOT, wrapped=wrapped, out=str(tmp_path / "out"))
+    def start(wrapped=False, env=None, fork=False):
+        code = TARGET.format(root=ROOT, wrapped=wrapped, out=str(tmp_path / "out"), fork=fork)
         full_env = dict(os.environ, **(env or {}))
         p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, env=full_env)
         started.append(p)
@@ -110,7 +114,22 @@ def test_unresponsive_process_is_recorded_with_the_reason(target, tmp_path):
     (fields, body), = _blocks(out.read_text())
     assert fields["status"] == "unresponsive"
     assert fields["reason"] == "py-spy_timed_out_after_1s"
-    assert body.strip() == ""
+    assert body.strip() == "Error: py-spy timed out after 1s"
+    from hangdoc.readers import read_paths
+
+    (proc,) = read_paths([str(out)]).processes
+    assert (proc.pid, proc.status) == (p.pid, "unresponsive") and "timed out" in proc.status_detail
+
+
+@needs_pyspy
+def test_forked_worker_is_tagged_as_the_ranks_worker(target):
+    p = target(env={"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"}, fork=True)
+    r = _dump("--pid", str(p.pid), "-o", "-")
+    assert r.returncode == 0, r.stderr
+    (rank, _), (worker, body) = _blocks(r.stdout)
+    assert rank["rank"] == "2" and "role" not in rank
+    assert worker["role"] == "dataloader-worker" and worker["parent_rank"] == "2" and "rank" not in worker
+    assert worker["ppid"] == rank["pid"] and "waiting_for_godot" in body
 
 
 @needs_pyspy
