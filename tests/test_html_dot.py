@@ -7,7 +7,6 @@ import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings

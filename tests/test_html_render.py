@@ -10,7 +10,6 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

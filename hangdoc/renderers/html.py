@@ -26,7 +26,7 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from hangdoc.model import STATUS_OK, Culprit, Finding, Frame, Group, Process, Report
+from hangdoc.model import STATUS_OK, Culprit, Finding, Frame, Process, Report
 from hangdoc.ranges import compress_hosts, compress_ranks, describe_ranks
 from hangdoc.renderers import treeview
 from hangdoc.renderers.treeview import Line, View, ViewNode
