@@ -478,7 +478,7 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
     procs = _read_stacks(path, source, interner)
     source.processes = len(procs)
     job.processes.extend(procs)
-    if not procs and not source.errors:
+    if not procs:
         source.errors.append(ParseError(path, 1 if head else 0, "no stack dump found" if head else "empty file"))
     return source
 

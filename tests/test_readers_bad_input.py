@@ -1,0 +1,173 @@
+"""Bad input: every problem is one ParseError naming file and line; the rest is still used."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from hangdoc.model import STATUS_TRUNCATED, CollectiveRecord
+from hangdoc.readers import read_paths, read_text
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dumps")
+PLAIN = os.path.join(FIXTURES, "dataloader_deadlock", "with-workers", "trace-node1.out")
+
+
+def fixture_bytes(path: str = PLAIN) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write(tmp_path, name: str, data: bytes) -> str:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return str(p)
+
+
+def test_empty_and_missing_files(tmp_path):
+    empty = write(tmp_path, "trace-a.out", b"")
+    job = read_paths([empty, str(tmp_path / "nope.out"), PLAIN])
+    msgs = {os.path.basename(e.source): (e.line, e.message) for e in job.errors}
+    assert msgs == {"trace-a.out": (0, "empty file"), "nope.out": (0, "no such file or directory")}
+    assert len(job.processes) == 4
+
+
+def test_binary_garbage(tmp_path):
+    garbage = write(tmp_path, "core.bin", bytes(range(256)) * 64)
+    job = read_paths([garbage, PLAIN])
+    (e,) = job.errors
+    assert (e.source, e.line) == (garbage, 1) and "binary" in e.message
+    assert len(job.processes) == 4
+
+
+def test_random_bytes_without_nul(tmp_path):
+    data = bytes((i * 7919) % 255 + 1 for i in range(50_000))
+    job = read_paths([write(tmp_path, "noise.out", data)])
+    assert job.processes == []
+    assert [e.message for e in job.errors][0].startswith("bytes that are not UTF-8")
+    assert job.errors[-1].message == "no stack dump found"
+
+
+def test_truncated_file_keeps_what_is_there(tmp_path):
+    data = fixture_bytes()
+    cut = data.index(b"CountingDataset.__getitem__") + 10  # in the middle of the stuck worker's top frame
+    job = read_paths([write(tmp_path, "trace-node1.out", data[:cut])])
+    assert len(job.processes) == 4
+    last = job.processes[-1]
+    assert last.status == STATUS_TRUNCATED and last.pid == 32731
+    lines = data[:cut].count(b"\n") + 1
+    assert any(e.line == lines and "middle of a line" in e.message for e in job.errors)
+    assert all(p.status != STATUS_TRUNCATED for p in job.processes[:-1])
+
+
+def test_non_utf8_is_reported_once_with_its_line(tmp_path):
+    data = fixture_bytes().replace(b"metrics_flusher", b"metrics_\xff\xfeflusher")
+    job = read_paths([write(tmp_path, "trace-node1.out", data)])
+    (e,) = job.errors
+    first = data[: data.index(b"\xff")].count(b"\n") + 1
+    assert e.line == first and "not UTF-8" in e.message
+    assert len(job.processes) == 4
+    assert any(f.function == "metrics_\ufffd\ufffdflusher" for p in job.processes for t in p.threads for f in t.frames)
+
+
+def test_over_long_line_is_cut_once(tmp_path):
+    data = b"x" * 300_000 + b"\n" + fixture_bytes() + b"y" * 200_000 + b"\n"
+    job = read_paths([write(tmp_path, "trace-node1.out", data)])
+    assert [(e.line, e.message.split(",")[0]) for e in job.errors] == [(1, "line longer than 65536 characters")]
+    assert len(job.processes) == 4
+
+
+def test_interleaved_unprefixed_lines_do_not_crash(tmp_path):
+    a = fixture_bytes().decode().splitlines()
+    b = fixture_bytes(os.path.join(FIXTURES, "pipeline_cycle", "plain", "trace-node1.out")).decode().splitlines()
+    mixed = [x for pair in zip(a, b) for x in pair]
+    path = write(tmp_path, "trace-mixed.out", "\n".join(mixed).encode() + b"\n")
+    job = read_paths([path])
+    assert job.processes  # what can be told apart is used
+    n = len(mixed)
+    assert all(e.source == path and 0 <= e.line <= n for e in job.errors)
+
+
+def test_prefixed_interleaving_is_taken_apart():
+    text = "\n".join([
+        "[rank0]: Traceback (most recent call last):",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank0]:   File "/w/train.py", line 9, in <module>',
+        '[rank1]:   File "/w/train.py", line 9, in <module>',
+        "[rank0]:     main()",
+        '[rank1]:   File "/w/train.py", line 5, in main',
+        "[rank0]: RuntimeError: boom",
+        "[rank1]:     dist.barrier()",
+        "[rank1]: RuntimeError: timeout",
+    ]) + "\n"
+    job = read_text(text)
+    assert job.errors == []
+    got = {p.rank: [f.function for f in p.main_thread.frames] for p in job.processes}
+    assert got == {0: ["<module>"], 1: ["<module>", "main"]}
+
+
+def test_big_file_streams(tmp_path):
+    block = fixture_bytes()
+    path = tmp_path / "trace-big.out"
+    with open(path, "wb") as f:
+        for _ in range(2000):  # 8,000 processes, ~190,000 lines
+            f.write(block)
+    job = read_paths([str(path)])
+    assert len(job.processes) == 8000 and job.errors == []
+    # identical stacks share one tuple: memory grows with distinct stacks, not processes
+    assert len({id(p.main_thread.frames) for p in job.processes}) <= 8
+
+
+def test_hangdoc_tag_lines_and_own_file_names(tmp_path):
+    text = (
+        "# hangdoc process host=iam07 pid=4242 rank=12 local_rank=4 world_size=16 ppid=4000\n"
+        "Current thread 0x00007f2d6808cb80 (most recent call first):\n"
+        '  File "/opt/conda/lib/python3.8/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+        '  File "/home/alice/train.py", line 28 in train_step\n'
+        "\n"
+        "# hangdoc process host=iam07 pid=4300 ppid=4242\n"
+        "Current thread 0x00007f2d6808cb80 (most recent call first):\n"
+        '  File "/opt/conda/lib/python3.8/site-packages/torch/utils/data/_utils/worker.py", line 308 in _worker_loop\n'
+    )
+    path = write(tmp_path, "stacks-iam07-r12-4242.txt", text.encode())
+    job = read_paths([path])
+    assert job.errors == []
+    rank, worker = job.processes
+    assert (rank.host, rank.pid, rank.rank, rank.local_rank, rank.ppid, rank.role) == ("iam07", 4242, 12, 4, 4000, "rank")
+    assert rank.main_thread.top.file == "torch/distributed/distributed_c10d.py"
+    assert rank.main_thread.frames[0].file == "~/train.py"
+    assert (worker.pid, worker.role, worker.ppid, worker.parent_rank) == (4300, "dataloader-worker", 4242, 12)
+    assert job.world_size == 16
+
+
+def test_records_files_are_delegated(tmp_path):
+    header = {"hangdoc": "collectives", "version": 1, "host": "n1", "rank": 2, "pid": 7, "world_size": 8}
+    rec = CollectiveRecord(rank=2, seq=0, op="broadcast", shapes=((8,),), dtypes=("float32",), root=0)
+    path = tmp_path / "collectives-n1-r2-7.jsonl"
+    path.write_text(json.dumps(header) + "\n" + json.dumps(rec.to_json()) + "\n{broken\n")
+    shutil.copy(PLAIN, tmp_path / "trace-n1.out")
+    job = read_paths([str(tmp_path)])
+    assert [r.op for r in job.records] == ["broadcast"]
+    assert job.world_size == 8
+    (e,) = job.errors
+    assert e.source == str(path) and e.line == 3
+    assert len(job.processes) == 4
+
+
+def test_reader_never_raises_on_odd_blocks():
+    odd = "\n".join([
+        "Process abc: not a pid",
+        "Thread 12 (idle)",
+        "    no parens here",
+        "Traceback (most recent call last):",
+        '  File "x.py", line notanumber, in f',
+        "Thread 0xZZ (most recent call first):",
+        "Traceback for thread 1 (python) [] (most recent call last):",
+        "    (C) File broken",
+        "Thread 1 (Thread 0x1 (LWP 5) \"x\"):",
+        "#0  ",
+        "[",
+        '  {"pid": ',
+    ])
+    job = read_text(odd)
+    assert all(e.line >= 0 for e in job.errors)
