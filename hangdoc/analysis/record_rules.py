@@ -37,6 +37,7 @@ CONFIDENCE_STREAM = 0.92
 #: two ranks disagree and nothing says which one is wrong: still above any stack-only verdict.
 CONFIDENCE_TIE = 0.85
 CONFIDENCE_MISSING = 0.9
+CONFIDENCE_HISTORY = 0.9
 CONFIDENCE_ALL_WAIT = 0.6
 
 
@@ -121,6 +122,9 @@ def findings(report: Report) -> List[Finding]:
         evidence += _count_lines(records, d.group) + pending_ev
         if d.ambiguous:
             evidence.append("only two sides disagree, so the records alone cannot say which one is wrong")
+        elif d.basis == "history":
+            evidence.append(f"two sides disagree; {describe_ranks(d.agreeing)} issued what this call site "
+                            f"always issued before, so {describe_ranks(d.ranks)} is the odd one out")
         advice = [
             f"Look at {sequence.site(d.actual or d.expected)} on {describe_ranks(d.ranks)}: the ranks of group "
             f"{d.group} must issue the same collectives in the same order with the same shapes, dtypes and roots.",
@@ -130,7 +134,7 @@ def findings(report: Report) -> List[Finding]:
         out.append(Finding(
             kind="collective-mismatch", summary=_headline(d), culprits=_culprits(report, d.ranks),
             evidence=evidence, advice=advice,
-            confidence=CONFIDENCE_TIE if d.ambiguous else CONFIDENCE_EXACT,
+            confidence=CONFIDENCE_TIE if d.ambiguous else CONFIDENCE_HISTORY if d.basis == "history" else CONFIDENCE_EXACT,
         ))
 
     for c in sequence.cycles(records):

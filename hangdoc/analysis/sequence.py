@@ -52,6 +52,9 @@ class Divergence:
     agreeing: List[int] = field(default_factory=list)
     #: True when only two ranks disagree and nothing says which one is wrong.
     ambiguous: bool = False
+    #: what decided which side is wrong: "majority", "history" (the op the call site always
+    #: issued before) or "tie" (nothing: ``ambiguous``).
+    basis: str = "majority"
 
 
 @dataclass
@@ -173,6 +176,7 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
     active = set(per_rank)
     found: List[Divergence] = []
     streams: List[StreamMismatch] = []
+    history: Counter = Counter()
     column = 0
     guard = sum(len(v) for v in sigs.values()) * 2 + 10
     while active and guard > 0:
@@ -183,16 +187,30 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             break
         counts = Counter(here.values())
         n_top = max(counts.values())
-        # Ties (two ranks, say) leave no majority: take the lowest rank's side, flagged ambiguous.
+        # Ties (two ranks, say) leave no majority: the side that repeats what its call site always
+        # issued before wins; failing that, the lowest rank's side, flagged ambiguous.
         top = here[min(r for r, s in here.items() if counts[s] == n_top)]
+        basis = "majority"
+        if sum(1 for c in counts.values() if c == n_top) > 1:
+            fam = {}
+            for r, sg in here.items():
+                if counts[sg] == n_top:
+                    x = per_rank[r][pos[r]]
+                    fam[sg] = max(fam.get(sg, 0), history[(x.call_site, sg)])
+            best = max(fam.values())
+            winners = [sg for sg, f in fam.items() if f == best]
+            if len(winners) == 1:
+                top, basis = winners[0], "history"
+            else:
+                basis = "tie"
         if len(counts) == 1 and not ended:
             _check_streams(name, column, {r: per_rank[r][pos[r]] for r in here}, streams)
             for r in here:
+                history[(per_rank[r][pos[r]].call_site, here[r])] += 1
                 pos[r] += 1
             column += 1
             continue
         majority = [r for r, s in here.items() if s == top]
-        tied = [s for s, c in counts.items() if c == n_top]
         # The representative is the majority rank that went furthest: it shows what came next.
         rep = min(majority, key=lambda r: (pos[r] - len(sigs[r]), r))
         if ended:
@@ -211,14 +229,14 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
                 active.discard(r)
             if len(counts) == 1:
                 continue
-        ambiguous = len(tied) > 1
+        ambiguous = basis == "tie"
         deviants = sorted(r for r, s in here.items() if s != top)
         for r in deviants:
             kind = _classify(sigs[r][pos[r]:], sigs[rep][pos[rep]:])
             exp = per_rank[rep][pos[rep]]
             act = per_rank[r][pos[r]]
             d = _divergence(name, kind, [r], exp, act, column, majority)
-            d.ambiguous = ambiguous
+            d.ambiguous, d.basis = ambiguous, basis
             if ambiguous:
                 d.summary = (f"{describe_ranks([r])} and {describe_ranks(majority)} disagree at op #{exp.seq} "
                              f"of group {name}: " + d.summary)

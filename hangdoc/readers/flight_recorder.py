@@ -144,7 +144,7 @@ def _call_site(frames: Any) -> str:
         if not isinstance(fr, dict):
             continue
         fn = str(fr.get("filename", ""))
-        if not fn or "/torch/" in fn or fn.startswith("<"):
+        if not fn or "/torch/" in fn or "/hangdoc/runtime/" in fn or fn.startswith("<"):
             continue
         return f"{fn}:{fr.get('line', '?')}:{fr.get('name', '?')}"
     return ""

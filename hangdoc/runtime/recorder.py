@@ -30,14 +30,16 @@ import functools
 import json
 import os
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 __all__ = ["enable", "disable", "get", "phase", "Recorder", "intercepted"]
 
-# Record layout: a plain list per call (far cheaper to build than an object); materialised into
-# CollectiveRecord only when someone asks (records(), dump()).
+# Record layout: a plain tuple per call, materialised into CollectiveRecord only when someone asks
+# (records(), dump()). Tuples of ints, strings, code objects and dtypes are untracked by the garbage
+# collector after their first collection, so a full ring buffer costs the GC nothing; a list (or a
+# torch.Size) per record would make every full collection walk 100,000 of them. Completion replaces
+# the tuple in place (deque[-1] = ... for the common case: O(1)).
 _SEQ, _OP, _GROUP, _SHAPES, _DTYPES, _ROOT, _PEER, _ASYNC, _SITE, _STREAM, _PHASE, _T0, _T1, _STATE = range(14)
 
 # Parameters that carry the tensors whose shapes must agree across ranks, in order of preference.
@@ -84,7 +86,8 @@ _NOT_COMM = frozenset({
 class _Spec:
     """Per-function metadata computed once at wrap time, so the hot path does no introspection."""
 
-    __slots__ = ("op", "tensor", "group", "root", "root_is_src", "group_root", "async_op", "p2p", "objects", "always_async")
+    __slots__ = ("op", "tensor", "group", "root", "root_is_src", "group_root", "async_op", "p2p", "objects", "always_async",
+                 "extract")
 
     def __init__(self, op: str, params: List[str]):
         def where(name: str) -> Optional[Tuple[int, str]]:
@@ -100,6 +103,71 @@ class _Spec:
         self.async_op = where("async_op")
         self.p2p = op in _P2P_OPS
         self.always_async = op in ("isend", "irecv")
+        self.extract = _make_extractor(self)
+
+
+def _make_extractor(spec: "_Spec") -> Callable[[tuple, dict, Any], tuple]:
+    """``issue(args, kwargs, frame) -> (record, first tensor)`` specialised for one function.
+
+    Generated once per function at wrap time: argument positions become constant indexes and the
+    common cases (one tensor, a user frame calling directly) are inlined, so the hot path makes no
+    signature binding and few calls. The rare cases go through the generic helpers.
+    """
+    lines = ["def issue(args, kwargs, frame, hit):", "    n = len(args)"]
+    for var, where, default in (("value", spec.tensor, "None"), ("group", spec.group, "None"),
+                                ("root", spec.root, "None"), ("group_root", spec.group_root, "None"),
+                                ("async_op", spec.async_op, "False")):
+        if where is None:
+            lines.append(f"    {var} = {default}")
+        else:
+            i, name = where
+            lines.append(f"    {var} = args[{i}] if n > {i} else kwargs.get({name!r}, {default})")
+    lines.append(_ISSUE_BODY.format(op=spec.op, objects=spec.objects, p2p=spec.p2p, always_async=spec.always_async))
+    ns: Dict[str, Any] = dict(
+        _groups=_groups, _group_info=_group_info, _tensor_meta=_tensor_meta, _phase=_phase, _Tensor=_Tensor,
+        _call_site=_call_site, _internal_code=_internal_code, _stream_of=_stream_of, _time=time.time,
+        _state=sys.modules[__name__],
+    )
+    exec("\n".join(lines), ns)  # noqa: S102 - the source is built from parameter names only
+    return ns["issue"]
+
+
+# The body of every generated issue(); {op} etc. are filled in per function.
+_ISSUE_BODY = """
+    rec_obj = _state._recorder
+    info = _groups.get(group)
+    if info is None:
+        info = _group_info(group)
+    seqs = rec_obj._seq
+    key = info[0]
+    seq = seqs.get(key, 0)
+    seqs[key] = seq + 1
+    first = None
+    if value is None:
+        shapes = dtypes = ()
+    elif not {objects} and type(value) is _Tensor[0]:
+        shapes, dtypes, first = (tuple(value.shape),), (value.dtype,), value
+    else:
+        shapes, dtypes, first = _tensor_meta(value, {objects})
+    if root is None and group_root is not None:
+        ranks = info[1]
+        root = ranks[group_root] if ranks and 0 <= group_root < len(ranks) else group_root
+    peer = None
+    if {p2p}:
+        peer, root = root, None
+    ph = _phase[0]
+    if ph is None and _state._graph_task_id() != -1:
+        ph = "backward"
+    stream = _stream_of(first) if first is not None and first.is_cuda else None
+    site = (hit[0], frame.f_lasti) if not hit[1] else _call_site(frame)
+    rec = (seq, {op!r}, info, shapes, dtypes, root, peer, {always_async} or bool(async_op),
+           site, stream, ph, _time(), None, "issued")
+    rec_obj._buf.append(rec)
+    return rec, first
+"""
+
+#: torch.Tensor once torch is imported (enable() fills it): the exact-type fast path.
+_Tensor: List[Any] = [None]
 
 
 def _arg(args: tuple, kwargs: dict, where: Optional[Tuple[int, str]], default: Any = None) -> Any:
@@ -134,7 +202,9 @@ class Recorder:
         self.out_dir = out_dir
         self._buf: collections.deque = collections.deque(maxlen=capacity)
         self._progress = 0
-        self.last_progress = time.monotonic()
+        # Wall time of the last completion; ``last_progress`` converts it to the monotonic clock
+        # only when read, so the hot path reads one clock, not two.
+        self._last_t1 = time.time()
         # id(Work) -> (Work, [records]) for async calls not yet seen completed. The strong reference
         # keeps the id from being reused; entries go as soon as completion is observed.
         self._works: Dict[int, Tuple[Any, List[list]]] = {}
@@ -145,6 +215,11 @@ class Recorder:
         self.dumped_to: Optional[str] = None
 
     # -- the watchdog's view -------------------------------------------------------------------
+    @property
+    def last_progress(self) -> float:
+        """``time.monotonic()`` of the last completed call (of enable() before any)."""
+        return time.monotonic() - max(0.0, time.time() - self._last_t1)
+
     @property
     def progress(self) -> int:
         self._sweep()
@@ -160,12 +235,23 @@ class Recorder:
         self._sweep()
         return [self._materialise(r) for r in list(self._buf)]
 
-    def _complete(self, rec: list) -> None:
+    def _complete(self, rec: tuple, state: str = "completed") -> None:
         if rec[_STATE] == "issued":
-            rec[_T1] = time.time()
-            rec[_STATE] = "completed"
-            self._progress += 1
-            self.last_progress = time.monotonic()
+            t1 = time.time()
+            self._replace(rec, rec[:_T1] + (t1, state))
+            if state == "completed":
+                self._progress += 1
+                self._last_t1 = t1
+
+    def _replace(self, rec: tuple, new: tuple) -> None:
+        """Swap ``rec`` for ``new`` in the buffer; recent records are found first."""
+        buf = self._buf
+        n = len(buf)
+        for i in range(n - 1, max(-1, n - 50_000), -1):
+            if buf[i] is rec:
+                buf[i] = new
+                return
+        # Not found: evicted from the ring buffer already (or beyond the search window).
 
     def _sweep(self) -> None:
         """Observe completion of async work and CUDA events: non-blocking queries only."""
@@ -179,10 +265,7 @@ class Recorder:
                     except Exception:
                         pass
                     for rec in recs:
-                        if failed:
-                            rec[_STATE] = "failed"
-                        else:
-                            self._complete(rec)
+                        self._complete(rec, "failed" if failed else "completed")
             if self._events:
                 keep = []
                 for ev, rec in self._events:
@@ -201,11 +284,13 @@ class Recorder:
         name, ranks = r[_GROUP]
         site = r[_SITE]
         if isinstance(site, tuple):
-            code, line = site
-            site = f"{code.co_filename}:{line}:{code.co_name}"
+            code, lasti = site
+            site = f"{code.co_filename}:{_line_of(code, lasti)}:{code.co_name}"
+        shapes = tuple(tuple(int(d) for d in sh) for sh in r[_SHAPES])
+        dtypes = tuple(d if isinstance(d, str) else _dtype_name(d) for d in r[_DTYPES])
         return CollectiveRecord(
-            rank=_IDENT[0], seq=r[_SEQ], op=r[_OP], group=name, group_ranks=ranks, shapes=r[_SHAPES],
-            dtypes=r[_DTYPES], root=r[_ROOT], peer=r[_PEER], async_op=r[_ASYNC], call_site=site or "",
+            rank=_IDENT[0], seq=r[_SEQ], op=r[_OP], group=name, group_ranks=ranks, shapes=shapes,
+            dtypes=dtypes, root=r[_ROOT], peer=r[_PEER], async_op=r[_ASYNC], call_site=site or "",
             stream=r[_STREAM], phase=r[_PHASE], time_issued=r[_T0], time_completed=r[_T1], state=r[_STATE],
             host=_IDENT[1], pid=os.getpid(), origin="hangdoc",
         )
@@ -242,7 +327,7 @@ class Recorder:
         self.dumped_to = path
         return path
 
-    def _total_issued(self) -> int:
+    def _total_issued(self) -> int:  # seq counters are keyed by (group name, ranks)
         return sum(self._seq.values())
 
 
@@ -252,13 +337,13 @@ class Recorder:
 _recorder: Optional[Recorder] = None
 _originals: Dict[Tuple[Any, str], Any] = {}
 _wait_original: Optional[Callable] = None
-_tls = threading.local()
 _IDENT: List[Any] = [0, "localhost"]  # rank, host: refreshed when the default group exists
 _phase: List[Optional[str]] = [None]
 _graph_task_id: Callable[[], int] = lambda: -1
 _reported = [False]
 _internal_code: Dict[Any, bool] = {}
 _internal_prefixes: Tuple[str, ...] = ()
+_c10d_file = ""
 _groups: Dict[Any, Tuple[str, Tuple[int, ...]]] = {}  # pg (or None) -> (name, global ranks)
 _c10d: Any = None
 
@@ -312,17 +397,41 @@ def phase(name: str) -> Iterator[None]:
         _phase[0] = prev
 
 
+def _line_of(code: Any, lasti: int) -> Optional[int]:
+    """The line of instruction offset ``lasti`` (what f_lineno computes, paid only at dump time)."""
+    try:
+        for start, end, line in code.co_lines():
+            if start <= lasti < end:
+                return line
+    except Exception:
+        pass
+    return code.co_firstlineno
+
+
+def _code_kind(code: Any) -> tuple:
+    """``(code, kind)``: 0 user code, 1 torch/hangdoc/stdlib plumbing, 2 torch.distributed's own
+    c10d module (a call from there is part of another wrapped call, not a call of its own)."""
+    fn = code.co_filename
+    kind = 2 if fn == _c10d_file else 1 if fn.startswith(_internal_prefixes) else 0
+    # Keyed by id: hashing a code object hashes its bytecode and constants on every call. The
+    # value keeps the code alive, so the id cannot be reused by another code object.
+    hit = _internal_code[id(code)] = (code, kind)
+    return hit
+
+
 def _call_site(frame: Any) -> Any:
-    """The first frame outside torch, hangdoc and stdlib plumbing: (code, line), formatted lazily."""
+    """The first frame outside torch, hangdoc and stdlib plumbing: (code, f_lasti).
+
+    ``f_lineno`` costs microseconds in a long function (it scans the line table); the offset is
+    free and is turned into a line only when the record is read.
+    """
     f = frame
     cache = _internal_code
     while f is not None:
         code = f.f_code
-        internal = cache.get(code)
-        if internal is None:
-            internal = cache[code] = code.co_filename.startswith(_internal_prefixes)
-        if not internal:
-            return (code, f.f_lineno)
+        hit = cache.get(id(code)) or _code_kind(code)
+        if not hit[1]:
+            return (code, f.f_lasti)
         f = f.f_back
     return None
 
@@ -347,24 +456,29 @@ def _describe_group(group: Any) -> Tuple[str, Tuple[int, ...]]:
 
 
 def _tensor_meta(value: Any, objects: bool) -> Tuple[tuple, tuple, Any]:
-    """(shapes, dtypes, first tensor) of a tensor, a list of tensors or a list of lists."""
+    """(shapes, dtypes, first tensor) of a tensor, a list of tensors or a list of lists.
+
+    Dtypes stay ``torch.dtype`` (named when the record is read); shapes become plain tuples, as a
+    ``torch.Size`` would keep the record tracked by the garbage collector.
+    """
+    cls = type(value)
     if objects:
-        n = len(value) if isinstance(value, (list, tuple)) else 1
+        n = len(value) if cls is list or cls is tuple else 1
         return ((n,),), ("object",), None
-    if isinstance(value, (list, tuple)):
+    if cls is list or cls is tuple:
         shapes, dtypes, first = [], [], None
         for v in value:
-            if isinstance(v, (list, tuple)):
+            if type(v) is list or type(v) is tuple:
                 for w in v:
                     shapes.append(tuple(w.shape))
-                    dtypes.append(_dtype_name(w.dtype))
+                    dtypes.append(w.dtype)
                     first = first if first is not None else w
             else:
                 shapes.append(tuple(v.shape))
-                dtypes.append(_dtype_name(v.dtype))
+                dtypes.append(v.dtype)
                 first = first if first is not None else v
         return tuple(shapes), tuple(dtypes), first
-    return (tuple(value.shape),), (_dtype_name(value.dtype),), value
+    return (tuple(value.shape),), (value.dtype,), value
 
 
 def _stream_of(tensor: Any) -> Optional[str]:
@@ -376,44 +490,26 @@ def _stream_of(tensor: Any) -> Optional[str]:
     return "default" if s.stream_id == 0 else f"stream{s.stream_id}"
 
 
-def _issue(spec: _Spec, args: tuple, kwargs: dict, frame: Any) -> Tuple[list, Any]:
-    """Build the record of one call (before the call runs)."""
-    rec_obj = _recorder
-    group = _arg(args, kwargs, spec.group)
-    name, ranks = _group_info(group)
-    seq_key = name
-    seq = rec_obj._seq.get(seq_key, 0)
-    rec_obj._seq[seq_key] = seq + 1
-    shapes: tuple = ()
-    dtypes: tuple = ()
-    first = None
-    if spec.tensor is not None:
-        value = _arg(args, kwargs, spec.tensor)
-        if value is not None:
-            shapes, dtypes, first = _tensor_meta(value, spec.objects)
-    root = _arg(args, kwargs, spec.root)
-    if root is None and spec.group_root is not None:
-        g = _arg(args, kwargs, spec.group_root)
-        if g is not None:
-            root = ranks[g] if ranks and 0 <= g < len(ranks) else g
-    peer = None
-    if spec.p2p:
-        peer, root = root, None
-    async_op = spec.always_async or bool(_arg(args, kwargs, spec.async_op, False))
-    ph = _phase[0]
-    if ph is None and _graph_task_id() != -1:
-        ph = "backward"
-    stream = _stream_of(first) if first is not None and first.is_cuda else None
-    rec = [seq, spec.op, (name, ranks), shapes, dtypes, root, peer, async_op, _call_site(frame),
-           stream, ph, time.time(), None, "issued"]
-    rec_obj._buf.append(rec)
-    return rec, first
+def _issue(spec: _Spec, args: tuple, kwargs: dict, frame: Any) -> Tuple[tuple, Any]:
+    """Build and buffer the record of one call (before the call runs)."""
+    return spec.extract(args, kwargs, frame, _internal_code.get(id(frame.f_code)) or _code_kind(frame.f_code))
 
 
-def _finish(rec: list, result: Any, first: Any) -> None:
+def _install_wait() -> None:
+    """Observe Work.wait() returning; installed on the first async call only, because torch's own
+    synchronous calls wait on a Work too and would all pay for the patched method."""
+    global _wait_original
+    if _wait_original is None and _c10d is not None:
+        _wait_original = _c10d.Work.wait
+        _c10d.Work.wait = _work_wait
+
+
+def _finish(rec: tuple, result: Any, first: Any) -> None:
     r = _recorder
     if rec[_ASYNC]:
         if result is not None and hasattr(result, "is_completed"):
+            if _wait_original is None:
+                _install_wait()
             r._works[id(result)] = (result, [rec])
             if len(r._works) > 256:
                 r._sweep()
@@ -432,47 +528,64 @@ def _finish(rec: list, result: Any, first: Any) -> None:
 
 
 def _wrap(fn: Callable, spec: _Spec) -> Callable:
-    tls = _tls
+    issue = spec.extract
+    _getframe = sys._getframe
+    cache = _internal_code
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _recorder is None or getattr(tls, "busy", False):
-            return fn(*args, **kwargs)  # off, or a call made by another wrapped function
+        if _recorder is None:
+            return fn(*args, **kwargs)
         try:
-            rec, first = _issue(spec, args, kwargs, sys._getframe(1))
+            frame = _getframe(1)
+            code = frame.f_code
+            hit = cache.get(id(code)) or _code_kind(code)
+            if hit[1] == 2:  # called by another c10d function (broadcast_object_list -> broadcast)
+                return fn(*args, **kwargs)
+            rec, first = issue(args, kwargs, frame, hit)
         except Exception as e:
             _report(e)
             return fn(*args, **kwargs)
-        tls.busy = True
         try:
             result = fn(*args, **kwargs)
         except BaseException:
-            rec[_STATE] = "failed"
-            rec[_T1] = time.time()
+            r = _recorder
+            if r is not None:
+                r._complete(rec, "failed")
             raise
-        finally:
-            tls.busy = False
-        try:
-            _finish(rec, result, first)
-        except Exception as e:
-            _report(e)
+        if rec[_ASYNC] or rec[_STREAM] is not None:
+            try:
+                _finish(rec, result, first)
+            except Exception as e:
+                _report(e)
+        else:  # the common case, inlined: a host-synchronous call is complete when it returns
+            r = _recorder
+            if r is not None:
+                buf = r._buf
+                t1 = _time()
+                done = rec[:_T1] + (t1, "completed")
+                if buf and buf[-1] is rec:
+                    buf[-1] = done
+                else:
+                    r._replace(rec, done)
+                r._progress += 1
+                r._last_t1 = t1
         return result
 
     wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
     return wrapper
 
 
+_time = time.time
 def _wrap_batch(fn: Callable) -> Callable:
     """batch_isend_irecv: one record per P2POp (peer as global rank), completed with its Work."""
-    tls = _tls
-
     @functools.wraps(fn)
     def wrapper(p2p_op_list: Any, *args: Any, **kwargs: Any) -> Any:
-        if _recorder is None or getattr(tls, "busy", False):
+        frame = sys._getframe(1)
+        if _recorder is None or (_internal_code.get(id(frame.f_code)) or _code_kind(frame.f_code))[1] == 2:
             return fn(p2p_op_list, *args, **kwargs)
-        recs: List[list] = []
+        recs: List[tuple] = []
         try:
-            frame = sys._getframe(1)
             for p in p2p_op_list:
                 # P2POps built from the unwrapped isend/irecv (before enable) must still pass
                 # batch_isend_irecv's identity check against the (wrapped) module globals.
@@ -483,22 +596,21 @@ def _wrap_batch(fn: Callable) -> Callable:
                         p.op = getattr(mod, attr)
                         break
                 spec = _SPECS_BY_NAME.get(opname) or _Spec(opname, ["tensor", "dst", "group"])
-                rec, _ = _issue(spec, (p.tensor,), {"group": p.group}, frame)
-                rec[_PEER] = p.peer
-                rec[_OP] = "isend" if opname == "isend" else "irecv" if opname == "irecv" else opname
-                rec[_ASYNC] = True
+                # P2POp.peer is already a global rank: pass it as such, the spec makes it the peer.
+                rec, _ = _issue(spec, (p.tensor, p.peer), {"group": p.group}, frame)
+                if not rec[_ASYNC]:
+                    fixed = rec[:_ASYNC] + (True,) + rec[_ASYNC + 1:]
+                    _recorder._replace(rec, fixed)
+                    rec = fixed
                 recs.append(rec)
         except Exception as e:
             _report(e)
-        tls.busy = True
         try:
             works = fn(p2p_op_list, *args, **kwargs)
         except BaseException:
             for rec in recs:
-                rec[_STATE] = "failed"
+                _recorder._complete(rec, "failed")
             raise
-        finally:
-            tls.busy = False
         try:
             r = _recorder
             works_l = list(works or ())
@@ -507,6 +619,8 @@ def _wrap_batch(fn: Callable) -> Callable:
                     r._works[id(w)] = (w, [rec])
             elif works_l:  # one coalesced Work for the whole batch (NCCL)
                 r._works[id(works_l[-1])] = (works_l[-1], recs)
+            if works_l and _wait_original is None:
+                _install_wait()
             else:
                 for rec in recs:
                     r._complete(rec)
@@ -601,7 +715,7 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         True
         >>> recorder.disable()
     """
-    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _wait_original
+    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _wait_original, _c10d_file
     if _recorder is not None:
         return _recorder
     try:
@@ -625,7 +739,9 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         os.path.join(stdlib, "threading.py"),
         "<frozen ",
     )
+    _c10d_file = c10d.__file__
     _internal_code.clear()
+    _Tensor[0] = torch.Tensor
     gid = getattr(torch._C, "_current_graph_task_id", None)
     _graph_task_id = gid if callable(gid) else (lambda: -1)
     rec = Recorder(capacity=capacity, out_dir=out_dir)
@@ -650,12 +766,6 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
                 if getattr(mod, name, None) is fn:
                     _originals[(mod, name)] = fn
                     setattr(mod, name, wrapped)
-    try:
-        _wait_original = c10d.Work.wait
-        c10d.Work.wait = _work_wait
-    except Exception as e:
-        _wait_original = None
-        _report(e)
     _groups.clear()
     _recorder = rec
     atexit.register(_dump_at_exit)
