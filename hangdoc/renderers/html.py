@@ -109,6 +109,16 @@ def pids_by_host(processes: Sequence[Process], hosts: int = 6) -> str:
     return "; ".join(parts)
 
 
+def table(headers: Sequence[str], rows: Sequence[str], total: int, more: str) -> List[str]:
+    """A table of already-rendered ``<tr>`` rows, and a note when ``total`` exceeds the rows shown."""
+    out = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in headers) + "</tr>"]
+    out.extend(rows)
+    out.append("</table>")
+    if total > len(rows):
+        out.append(f'<p class="note">… {_plural(total - len(rows), more)} (see <code>--format json</code>).</p>')
+    return out
+
+
 def _num(n: int) -> str:
     return f"{n:,}"
 
@@ -383,20 +393,19 @@ class _Page:
                 out.append(f"<div><b>{esc(g.summary)}</b></div>")
             out.append(self.stack_html(g.stack) if g.stack else '<p class="note">no stack (the process could not be dumped)</p>')
             out.append("</article>")
-        rest = [i for i in range(len(self.groups)) if i not in set(v.drawn)]
+        drawn = set(v.drawn)
+        rest = sorted((i for i in range(len(self.groups)) if i not in drawn), key=lambda i: -self.groups[i].count)
         if rest:
-            rest.sort(key=lambda i: -self.groups[i].count)
-            out.append(f'<h3 id="other-groups">Other groups ({_num(len(rest))})</h3><table><tr><th>group</th><th>processes</th><th>ranks</th><th>summary</th></tr>')
+            rows = []
             for i in rest[:MAX_ROWS]:
                 g = self.groups[i]
                 summary = g.summary or (g.stack[-1].label() if g.stack else "")
-                out.append(
+                rows.append(
                     f'<tr id="group-{i + 1}" data-group="{i}"><td>G{i + 1}</td><td class="n">{_num(g.count)}</td>'
                     f'<td class="mono">{esc(clip(compress_ranks(g.ranks), 200))}</td><td>{esc(clip(summary, 300))}</td></tr>'
                 )
-            out.append("</table>")
-            if len(rest) > MAX_ROWS:
-                out.append(f'<p class="note">… {_plural(len(rest) - MAX_ROWS, "more group")} (see <code>--format json</code>).</p>')
+            out.append(f'<h3 id="other-groups">Other groups ({_num(len(rest))})</h3>')
+            out.extend(table(("group", "processes", "ranks", "summary"), rows, len(rest), "more group"))
         out.append("</section>")
         return "\n".join(out)
 
@@ -404,26 +413,25 @@ class _Page:
         tgs = self.report.thread_groups
         if not tgs:
             return ""
-        out = [f'<section id="threads"><h2>Other threads ({_plural(len(tgs), "group")})</h2>',
-               '<p class="note">Threads other than the main thread, grouped by stack like the processes.</p>',
-               "<table><tr><th>threads</th><th>processes</th><th>names</th><th>where</th></tr>"]
+        rows = []
         for g in tgs[:MAX_THREAD_ROWS]:
             names = ", ".join(g.thread_names[:5]) + (f" +{len(g.thread_names) - 5}" if len(g.thread_names) > 5 else "")
             where = g.summary or (g.stack[-1].label() if g.stack else "")
-            out.append(
+            rows.append(
                 f'<tr><td class="n">{_num(g.threads or g.count)}</td><td class="n">{_num(g.count)}</td>'
                 f'<td class="mono">{esc(clip(names, 200))}</td><td>{esc(clip(where, 300))}</td></tr>'
             )
-        out.append("</table>")
-        if len(tgs) > MAX_THREAD_ROWS:
-            out.append(f'<p class="note">… {_plural(len(tgs) - MAX_THREAD_ROWS, "more group")} (see <code>--format json</code>).</p>')
-        out.append("</section>")
-        return "\n".join(out)
+        return "\n".join(
+            [f'<section id="threads"><h2>Other threads ({_plural(len(tgs), "group")})</h2>',
+             '<p class="note">Threads other than the main thread, grouped by stack like the processes.</p>']
+            + table(("threads", "processes", "names", "where"), rows, len(tgs), "more group")
+            + ["</section>"]
+        )
 
     def host_section(self) -> str:
         # Hosts with the same processes-per-host and the same groups fold into one row, so 16,384
-        # identical nodes are one line and the odd host stands out.
-        # One pass over the groups' members (every process is in exactly one group).
+        # identical nodes are one line and the odd host stands out. One pass over the groups'
+        # members: every process is in exactly one group.
         count: Dict[str, int] = defaultdict(int)
         host_groups: Dict[str, Set[int]] = defaultdict(set)
         host_ranks: Dict[str, List[int]] = defaultdict(list)
@@ -434,14 +442,12 @@ class _Page:
                 host_groups[h].add(i)
                 if p.rank is not None:
                     host_ranks[h].append(p.rank)
-        per_host = count
         rows: Dict[Tuple[int, Tuple[int, ...]], List[str]] = defaultdict(list)
         for host, n in count.items():
             gs = host_groups[host]
             rows[(n, tuple(gs) if len(gs) == 1 else tuple(sorted(gs)))].append(host)
         ordered = sorted(rows.items(), key=lambda kv: (not any(g in self.view.culprit_groups for g in kv[0][1]), min(kv[1])))
-        out = [f'<section id="hosts"><h2>Hosts ({_num(len(per_host))})</h2>',
-               '<table><tr><th>hosts</th><th>count</th><th>processes each</th><th>ranks</th><th>groups</th></tr>']
+        trs = []
         for (n, gs), hosts in ordered[:MAX_ROWS]:
             named = [h for h in hosts if h]
             label = compress_hosts(named) if named else ""
@@ -450,29 +456,26 @@ class _Page:
             ranks = [r for h in hosts for r in host_ranks[h]]
             glinks = " ".join(self.glink(g) for g in gs[:30]) + (f" +{len(gs) - 30}" if len(gs) > 30 else "")
             cls = ' style="background:#fdecea"' if any(g in self.view.culprit_groups for g in gs) else ""
-            out.append(
+            trs.append(
                 f'<tr{cls}><td class="mono">{esc(clip(label, 300))}</td><td class="n">{_num(len(hosts))}</td><td class="n">{_num(n)}</td>'
                 f'<td class="mono">{esc(clip(compress_ranks(ranks), 300))}</td><td>{glinks}</td></tr>'
             )
-        out.append("</table>")
-        if len(ordered) > MAX_ROWS:
-            out.append(f'<p class="note">… {_num(len(ordered) - MAX_ROWS)} more rows.</p>')
-        out.append("</section>")
-        return "\n".join(out)
+        return "\n".join(
+            [f'<section id="hosts"><h2>Hosts ({_num(len(count))})</h2>']
+            + table(("hosts", "count", "processes each", "ranks", "groups"), trs, len(ordered), "more row")
+            + ["</section>"]
+        )
 
     def source_section(self) -> str:
         sources = self.report.job.sources if self.report.job is not None else []
         out = [f'<section id="sources"><h2>Sources ({_num(len(sources))})</h2>']
         ordered = sorted(sources, key=lambda s: (not s.errors, s.path))
-        out.append('<table><tr><th>file</th><th>formats</th><th>processes</th><th>records</th><th>parse errors</th></tr>')
-        for s in ordered[:MAX_ROWS]:
-            out.append(
-                f'<tr><td class="mono">{esc(clip(s.path, 300))}</td><td>{esc(", ".join(s.formats))}</td>'
-                f'<td class="n">{_num(s.processes)}</td><td class="n">{_num(s.records)}</td><td class="n">{_num(len(s.errors))}</td></tr>'
-            )
-        out.append("</table>")
-        if len(ordered) > MAX_ROWS:
-            out.append(f'<p class="note">… {_plural(len(ordered) - MAX_ROWS, "more source")}.</p>')
+        trs = [
+            f'<tr><td class="mono">{esc(clip(s.path, 300))}</td><td>{esc(", ".join(s.formats))}</td>'
+            f'<td class="n">{_num(s.processes)}</td><td class="n">{_num(s.records)}</td><td class="n">{_num(len(s.errors))}</td></tr>'
+            for s in ordered[:MAX_ROWS]
+        ]
+        out.extend(table(("file", "formats", "processes", "records", "parse errors"), trs, len(ordered), "more source"))
         errors = [e for s in ordered for e in s.errors]
         if errors:
             out.append(f"<h3>Parse errors ({_num(len(errors))})</h3><ul class=\"errors\">")
