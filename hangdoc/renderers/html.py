@@ -273,7 +273,11 @@ class _Page:
                 rest = f" (all ranks: {esc(clip(compress_ranks(ranks), MAX_TEXT))})" if ranks else ""
                 out.append(f' <span class="note">and {_num(len(f.culprits) - len(shown))} more{rest}</span>')
             out.append("</div>")
-        out.append('<div class="cols">')
+        if not (f.evidence or f.advice):
+            out.append("</div>")
+            return "\n".join(out)
+        # Only the headline shows its reasons open; the others keep the tree near the top.
+        out.append('<div class="cols">' if headline else '<details><summary>evidence and what to do</summary><div class="cols">')
         for title, items, cls2 in (("evidence", f.evidence, "ev"), ("what to do", f.advice, "adv")):
             if items:
                 out.append(f'<div><div class="label">{title}</div><ul class="{cls2}">')
@@ -281,7 +285,7 @@ class _Page:
                 if len(items) > 50:
                     out.append(f'<li class="note">… {_num(len(items) - 50)} more</li>')
                 out.append("</ul></div>")
-        out.append("</div></div>")
+        out.append("</div></div>" if headline else "</div></details></div>")
         return "\n".join(out)
 
     def header(self) -> str:
