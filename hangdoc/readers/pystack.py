@@ -10,9 +10,9 @@
 
 Frames are printed outermost first, as they are stored. A C frame's file is its library's base name
 (the source file of a C frame says little about where a hang is), its line is dropped, and
-``(inlined)`` is taken off the name. pystack prints a process's threads newest first, the main
-thread last: the thread whose stack starts in ``_start``/``<module>`` (or whose id is the pid)
-ends its process, and its thread id is the pid. The ``[...]`` after the thread name (``Has the
+``(inlined)`` and glibc symbol versions (``@@GLIBC_2.34``) are taken off the name. pystack prints
+a process's threads newest first, the main thread last: the thread whose stack starts in
+``_start``/``<module>`` ends its process, and its thread id is the pid. The ``[...]`` after the thread name (``Has the
 GIL``, ``Dropped the GIL``, ``Garbage collecting``) is kept as the thread's state.
 
     >>> from hangdoc.readers import read_text
@@ -61,6 +61,9 @@ def parse_frame_line(text: str) -> Optional[Frame]:
         function, lib = lm.group(1), os.path.basename(lm.group(2))
     if function.endswith(" (inlined)"):
         function = function[: -len(" (inlined)")]
+    at = function.find("@")
+    if at > 0 and "@GLIBC" in function:
+        function = function[:at]  # pthread_cond_wait@@GLIBC_2.3.2: the symbol version, as py-spy drops it
     return make_frame(function, lib or file, None, native=True)
 
 
