@@ -183,9 +183,7 @@ def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
             out.append(_record(e, rank, ranks_of))
         except (KeyError, TypeError, ValueError, IndexError) as err:
             source.errors.append(ParseError(path, i, f"bad Flight Recorder entry {i}: {type(err).__name__}: {err}"))
-    source.records += len(out)
-    if FORMAT not in source.formats:
-        source.formats.append(FORMAT)
+    # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
     return out
 
 

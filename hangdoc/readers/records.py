@@ -70,9 +70,7 @@ def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
                 source.errors.append(ParseError(path, lineno, f"bad record: {e}"))
                 continue
             out.append(rec)
-    source.records += len(out)
-    if FORMAT not in source.formats:
-        source.formats.append(FORMAT)
+    # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
     return out
 
 

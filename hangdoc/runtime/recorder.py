@@ -320,7 +320,8 @@ class Recorder:
         world = _world_size()
         header = {"hangdoc": "collectives", "version": 1, "host": _IDENT[1], "rank": _IDENT[0],
                   "pid": os.getpid(), "world_size": world, "capacity": self.capacity,
-                  "progress": self._progress, "dropped": max(0, self._total_issued() - len(self._buf))}
+                  "progress": self._progress, "dropped": max(0, self._total_issued() - len(self._buf)),
+                  "errors": self.errors}
         lines = [json.dumps(header)]
         lines.extend(json.dumps(r.to_json()) for r in self.records())
         write_atomic(path, "\n".join(lines) + "\n")
