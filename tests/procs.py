@@ -1,8 +1,9 @@
 """Run real processes (and torchrun jobs) in tests with a hard timeout, and kill all of them after.
 
-Every process is started in a new session (its own process group), so that on a timeout, a failed
-assertion or a Ctrl-C the whole tree (torchrun, its agent, every rank, their workers) is killed
-with one ``os.killpg``. Reuse it from any test::
+Every process is started in a new session (its own process group); on a timeout, a failed
+assertion or a Ctrl-C the whole tree (torchrun, its agent, every rank, their workers) is killed:
+the group, and every descendant found in /proc with its own group (torchrun starts each rank in a
+session of its own, so ``os.killpg`` of the launcher alone would leave the ranks running). Reuse it from any test::
 
     from tests.procs import run, torchrun_cmd
 
@@ -63,12 +64,49 @@ def spawn(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Opti
     return subprocess.Popen(list(cmd), env=env_for(env), cwd=cwd, start_new_session=True, **kw)
 
 
+def descendants(pid: int) -> List[int]:
+    """All live descendants of ``pid`` (from /proc), children before grandchildren."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: fields start after the last ')'
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Kill ``proc``'s whole process group (no error if it is gone) and reap ``proc``."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Kill ``proc``, its process group and every descendant (also those in sessions of their own,
+    as torchrun's ranks are), then reap ``proc``. No error for what is gone already."""
+    tree = descendants(proc.pid) if proc.poll() is None else []
+    groups = {proc.pid}
+    for pid in tree:
+        try:
+            groups.add(os.getpgid(pid))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())  # never the test runner's own group
+    for target in [proc.pid] + tree:
+        try:
+            os.kill(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -92,7 +130,10 @@ def run(cmd: Sequence[str], timeout: float = 60, env: Optional[Mapping[str, str]
     except subprocess.TimeoutExpired:
         timed_out = True
         kill_group(proc)
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a process we could not see still holds the pipes
+            out, err = "", ""
     finally:
         kill_group(proc)
     res = subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-timeout", type=float, metavar="S", help="dump every thread's stack after S seconds without progress")
     parser.add_argument("--dump-signal", default="SIGUSR1", metavar="SIG", help="signal that dumps stacks at once (default SIGUSR1; 'none' for none)")
     parser.add_argument("--detect", action="store_true", help="let torch check collectives across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL, Flight Recorder)")
-    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (like python -m) instead of a script")
+    # REMAINDER: everything after `-m MODULE` is the module's, as with `python -m`
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE", help="run a module (like python -m) instead of a script")
     parser.add_argument("script", nargs="?", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
@@ -37,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from hangdoc.cli import UsageError
     from hangdoc.runtime.wrap import wrap
 
-    if args.module and args.script:
-        # `-m pkg.mod a b`: argparse took `a` for the script
-        args.args = [args.script] + list(args.args)
-        args.script = None
+    if args.module is not None:
+        if not args.module:
+            raise UsageError("-m needs a module name")
+        args.module, args.args = args.module[0], args.module[1:]
     if not args.module and not args.script:
         raise UsageError("no script given: hangdoc [options] script.py [args]")
     if args.script and not os.path.exists(args.script):
