@@ -10,6 +10,8 @@ Dump sets (generated once, cached under ``--root``):
   py-spy text without ranks, as srun leaves it.
 * ``gen``: ``benchmarks/gen_dumps.py`` (real captured py-spy blocks, a rank map, an unresponsive
   and a missing rank).
+* ``distinct`` (only when asked, ``--sets distinct``): the worst case for the picture, every process
+  on its own line (n groups of one), built from model objects.
 
 For each set it reads and analyses once, then times, side by side on the same Report: the html
 renderer against the text renderer (the baseline), and in Chromium (headless, DevTools over a
@@ -52,6 +54,16 @@ def gen_set(n: int, root: str) -> Tuple[str, Optional[str]]:
 
     out = gen_dumps.ensure(n, root)
     return out, os.path.join(out, "rank-map.json")
+
+
+def distinct_job(n: int):
+    """The worst case for the picture: every process on its own line, so n groups of one."""
+    from hangdoc.model import Frame, Job, Process, Thread
+
+    trunk = (Frame("<module>", "train.py", 90), Frame("main", "train.py", 80), Frame("train", "train.py", 40))
+    procs = [Process(host=f"node{r // 8 + 1:05d}", pid=1000 + r % 8, rank=r,
+                     threads=[Thread("1", "MainThread", trunk + (Frame("step", "train.py", r),), is_main=True)]) for r in range(n)]
+    return Job(processes=procs, world_size=n)
 
 
 def best(fn: Callable[[], object], repeat: int) -> Tuple[float, object]:
@@ -114,9 +126,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         for n in [int(x) for x in a.sizes.split(",")]:
             for name in a.sets.split(","):
-                path, rank_map = makers[name](n, a.root)
                 t = time.perf_counter()
-                job = read_paths([path], rank_map=read_rank_map(rank_map) if rank_map else None)
+                if name == "distinct":
+                    job = distinct_job(n)
+                else:
+                    path, rank_map = makers[name](n, a.root)
+                    job = read_paths([path], rank_map=read_rank_map(rank_map) if rank_map else None)
                 report = analyse(job)
                 read_s = time.perf_counter() - t
                 opts = RenderOptions()
