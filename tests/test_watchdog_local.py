@@ -104,7 +104,7 @@ def test_stall_dump_names_the_blocked_function_once_then_again(tmp_path):
 
 @pytest.mark.parametrize("chain", [False, True])
 def test_signal_dump_keeps_the_process_alive_and_chains(tmp_path, chain):
-    p, out = _start(tmp_path, timeout=30, block=1.2, chain=chain)
+    p, out = _start(tmp_path, timeout=30, block=2.0, chain=chain)
     try:
         assert p.stdout.readline().startswith("signal env")
         assert p.stdout.readline().strip() == "blocking"

@@ -5,8 +5,10 @@ a :func:`heartbeat`. A daemon thread looks at it a few times a second; after ``h
 seconds without any, it writes ``stacks-{host}-r{rank}-{pid}.txt`` (a ``hangdoc.tags`` line, then
 ``faulthandler`` output of every thread) and the recorder's records into the output directory, and
 (``report=True``) shares them with the other ranks through the job's store so that the lowest live
-rank prints the verdict (see :mod:`hangdoc.runtime.exchange`). Once per stall, again at 4x, 8x, ...
-the timeout if it persists. Nothing is ever killed.
+rank prints the verdict (see :mod:`hangdoc.runtime.exchange`). Once per stall, and again when the
+stall has lasted 4x, 16x, ... as long if it persists. Nothing is ever killed. Until the first
+progress the deadline is ``max(hang_timeout, 60 s)``: importing torch and meeting the other ranks
+is not a hang.
 
 faulthandler is used because it is written in C: it reads the other threads' frames without
 taking the GIL-dependent locks a Python-level ``traceback`` would need, so it works while the main
@@ -253,11 +255,13 @@ class Watchdog:
         if not self._stalled and now - self.last_progress >= limit:
             self._stalled = True
             self.stalls += 1
-            self._next_dump = now + self.redump_factor * self.hang_timeout
+            # again when the stall has lasted 4x as long, then 16x, ...: a job left hung overnight
+            # logs a handful of reports, not thousands
+            self._next_dump = self.last_progress + self.redump_factor * (now - self.last_progress)
             self._on_stall("no progress for %.1fs" % (now - self.last_progress))
         elif self._stalled and now >= self._next_dump:
             waited = now - self.last_progress
-            self._next_dump = now + self.redump_factor * waited
+            self._next_dump = self.last_progress + self.redump_factor * waited
             self._on_stall("still no progress after %.1fs" % waited)
 
     def _on_stall(self, reason: str) -> None:
