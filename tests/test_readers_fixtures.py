@@ -209,6 +209,9 @@ def test_prefixed_interleaved_tracebacks():
     assert ranks[0].main_thread.top.function == "broadcast"
     assert "Timed out" in ranks[0].meta["exception"]
     assert [p.role for p in job.processes].count(ROLE_LAUNCHER) == 1
+    # torchrun's ChildFailedError table names each failed rank's pid and host
+    assert {r: p.pid for r, p in ranks.items()} == {0: 13343, 1: 13344, 2: 13345, 3: 13346}
+    assert {p.host for p in job.processes} == {"localhost"}
 
 
 def test_launcher_dump():

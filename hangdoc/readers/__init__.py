@@ -191,6 +191,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     main = channels[""]
     emitted: List[Tuple[_Channel, Process]] = []
     tags: List[Tuple[_Channel, int, Dict[str, str]]] = []
+    failures: List[Dict[str, object]] = []
 
     def close(ch: _Channel) -> None:
         parser, ch.parser = ch.parser, None
@@ -236,6 +237,8 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
             if new is not None:
                 new.feed(lineno, text)
                 ch.parser = new
+            elif text[:2] == "  " and text[2:3].isalpha():
+                _elastic_failure_line(text, failures)
         last = lineno
     for ch in channels.values():
         close(ch)
@@ -248,6 +251,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
 
     emitted.sort(key=lambda cp: cp[1].source_line)
     _apply_tags(emitted, tags)
+    _apply_elastic_failures(emitted, failures)
     procs: List[Process] = []
     for ch, p in emitted:
         if p.host is None:
@@ -265,6 +269,54 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     _tie_workers_by_order(procs)
     ctx.finish()
     return procs
+
+
+_ELASTIC_RE = re.compile(r"^  (host|rank|exitcode)\s+: (.*?)\s*$")
+_ELASTIC_RANK_RE = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
+_ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
+
+
+def _elastic_failure_line(text: str, failures: List[Dict[str, object]]) -> None:
+    """torchrun's ``ChildFailedError`` table (``host :``, ``rank : 1 (local_rank: 1)``,
+    ``exitcode : 1 (pid: 13344)``): the only place a console names a failed rank's pid."""
+    m = _ELASTIC_RE.match(text)
+    if not m:
+        return
+    key, value = m.groups()
+    if key == "host":
+        failures.append({"host": value})
+    elif failures:
+        entry = failures[-1]
+        if key == "rank":
+            rm = _ELASTIC_RANK_RE.match(value)
+            if rm:
+                entry["rank"], entry["local_rank"] = int(rm.group(1)), int(rm.group(2))
+        else:
+            pm = _ELASTIC_PID_RE.search(value)
+            if pm:
+                entry["pid"] = int(pm.group(1))
+
+
+def _apply_elastic_failures(emitted: List[Tuple[_Channel, Process]], failures: List[Dict[str, object]]) -> None:
+    by_rank = {f["rank"]: f for f in failures if "rank" in f and "pid" in f}
+    if not by_rank:
+        return
+    hosts = {f.get("host") for f in failures}
+    if len(hosts) == 1:
+        # one torchrun, one host: its own traceback (the launcher's) ran there too
+        for ch, p in emitted:
+            if p.role == ROLE_LAUNCHER or (p.host is None and ch.host is None and p.rank is None):
+                p.host = p.host or next(iter(hosts))  # type: ignore[assignment]
+    for ch, p in emitted:
+        rank = p.rank if p.rank is not None else ch.rank
+        f = by_rank.get(rank)
+        if f is None or p.pid is not None:
+            continue
+        p.pid = f["pid"]  # type: ignore[assignment]
+        if p.host is None and ch.host is None:
+            p.host = f["host"]  # type: ignore[assignment]
+        if p.local_rank is None:
+            p.local_rank = f["local_rank"]  # type: ignore[assignment]
 
 
 def _apply_tags(emitted: List[Tuple[_Channel, Process]], tags: List[Tuple[_Channel, int, Dict[str, str]]]) -> None:
