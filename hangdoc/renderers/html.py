@@ -55,7 +55,8 @@ MAX_ERRORS = 500
 MAX_CULPRITS = 40
 MAX_THREAD_ROWS = 30
 
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+# Characters that are not allowed in XML (so not in inline SVG either) or that cannot be encoded.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 
 
 def esc(value: object) -> str:
@@ -241,18 +242,29 @@ class _Page:
         self.report = report
         self.view = view
         self.groups = report.groups
-        # group index -> the anchor of its section (every group has one: drawn ones as articles,
-        # the rest as rows of the table that follows).
         self.total = sum(g.count for g in self.groups)
+        self._culprit_index: Optional[Dict[Tuple, int]] = None
 
     # -- pieces -----------------------------------------------------------------------------
 
     def glink(self, i: int, text: Optional[str] = None) -> str:
         return f'<a class="g" href="#group-{i + 1}">{esc(text or f"G{i + 1}")}</a>'
 
+    def group_of(self, c: Culprit) -> Optional[int]:
+        """The group holding a culprit: by rank, else by host and pid (one pass, however many culprits)."""
+        if self._culprit_index is None:
+            index: Dict[Tuple, int] = {}
+            for i, g in enumerate(self.groups):
+                for p in g.members:
+                    index.setdefault(("rank", p.rank) if p.rank is not None else ("pid", p.host, p.pid), i)
+                    index.setdefault(("pid", p.host, p.pid), i)
+            self._culprit_index = index
+        key = ("rank", c.rank) if c.rank is not None else ("pid", c.host, c.pid)
+        return self._culprit_index.get(key)
+
     def culprit_html(self, c: Culprit) -> str:
         who = Process(host=c.host, pid=c.pid, rank=c.rank).describe()
-        i = treeview.group_of_culprit(self.report, c.host, c.pid, c.rank)
+        i = self.group_of(c)
         if i is None:
             return f"<span>{esc(who)}</span>"
         return f'<a href="#group-{i + 1}">{esc(who)}</a> <span class="note">→ stack G{i + 1}</span>'

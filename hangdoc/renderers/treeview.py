@@ -120,18 +120,6 @@ def culprit_groups(report: Report) -> Set[int]:
     return found
 
 
-def group_of_culprit(report: Report, host: Optional[str], pid: Optional[int], rank: Optional[int]) -> Optional[int]:
-    """The index of the group holding this culprit, or None."""
-    for i, g in enumerate(report.groups):
-        for p in g.members:
-            if rank is not None:
-                if p.rank == rank and (host is None or p.host is None or p.host == host):
-                    return i
-            elif pid is not None and p.pid == pid and p.host == host:
-                return i
-    return None
-
-
 def _tree_from_groups(groups: Sequence[Group]) -> TreeNode:
     """A merged prefix tree, for a Report whose ``tree`` was left empty (built by hand, say)."""
     root = TreeNode(frame=None, groups=list(groups))
