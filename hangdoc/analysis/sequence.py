@@ -121,17 +121,21 @@ def _lcs(a: Sequence, b: Sequence) -> int:
 
 
 def _classify(a: Sequence, b: Sequence) -> str:
-    """How ``a`` (a rank) departs from ``b`` (the majority) at their first elements."""
+    """How ``a`` (a rank) departs from ``b`` (the majority) at their first elements.
+
+    Each explanation is scored by how much of the window still lines up after it (an LCS); the
+    best one wins, ties going to the plainest (a different op, then a skipped one, then an extra
+    one, then two swapped).
+    """
     a, b = a[:WINDOW], b[:WINDOW]
-    if len(a) > 1 and len(b) > 1 and a[0] == b[1] and a[1] == b[0]:
-        return "order"
     scores = {
         "signature": _lcs(a[1:], b[1:]),
         "missing": _lcs(a, b[1:]),
         "extra": _lcs(a[1:], b),
+        "order": 2 + _lcs(a[2:], b[2:]) if len(a) > 1 and len(b) > 1 and a[0] == b[1] and a[1] == b[0] else -1,
     }
     best = max(scores.values())
-    for kind in ("signature", "missing", "extra"):  # ties read as the plainest explanation
+    for kind in ("signature", "missing", "extra", "order"):
         if scores[kind] == best:
             return kind
     return "signature"
