@@ -47,6 +47,17 @@ _lock_pid: Optional[int] = None
 _disabled = fcntl is None
 
 
+def _reinit_after_fork() -> None:
+    # Another thread may have held a lock at the moment of fork(); the child must not inherit that.
+    global _state_lock, _thread_lock
+    _state_lock = threading.Lock()
+    _thread_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_after_fork)
+
+
 def lock_path() -> str:
     """The node-local lock file: ``$HANGDOC_PRINTFLOCK_LOCK``, else ``/dev/shm`` or the temp dir."""
     override = os.environ.get("HANGDOC_PRINTFLOCK_LOCK")
