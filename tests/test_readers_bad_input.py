@@ -171,3 +171,30 @@ def test_reader_never_raises_on_odd_blocks():
     ])
     job = read_text(odd)
     assert all(e.line >= 0 for e in job.errors)
+
+
+def test_hangdoc_dump_status_tags_and_main_thread(tmp_path):
+    text = (
+        "# hangdoc process host=n1 pid=77 ppid=70 rank=1 world_size=2 role=rank status=stopped reason=state_T\n"
+        "Error: py-spy exit 1: Error: Failed to get stack traces; gdb timed out after 10s\n"
+        "\n"
+        "# hangdoc process host=n1 pid=78 ppid=77 parent_rank=1 role=dataloader-worker source=hangdoc-dump\n"
+        "Process 78: python train.py\n"
+        "\n"
+        'Thread 78 (idle): "MainThread"\n'
+        "    _worker_loop (torch/utils/data/_utils/worker.py:334)\n"
+        "# hangdoc process host=n1 pid=80 rank=0 main_thread=0x00007f0000000002 source=watchdog reason=no_progress\n"
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/w/train.py", line 3 in <module>\n'
+        "\n"
+        "Thread 0x00007f0000000002 (most recent call first):\n"
+        '  File "/w/helper.py", line 9 in loop\n'
+    )
+    job = read_paths([write(tmp_path, "dump-n1.txt", text.encode())])
+    assert job.errors == []
+    stopped, worker, watched = job.processes
+    assert (stopped.pid, stopped.rank, stopped.status, stopped.status_detail) == (77, 1, "stopped", "state T")
+    assert "gdb timed out" in stopped.meta["error"]
+    assert (worker.role, worker.parent_rank, worker.ppid, worker.meta["source"]) == ("dataloader-worker", 1, 77, "hangdoc-dump")
+    assert watched.main_thread.ident == "0x00007f0000000002" and watched.meta["reason"] == "no_progress"
+    assert job.world_size == 2

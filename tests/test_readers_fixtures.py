@@ -230,6 +230,9 @@ def test_py_spy_failure_is_an_unresponsive_process():
         assert (p.host, p.pid) == ("node1", 24709) and truth("stopped_rank")["node1:24709"]["rank"] == 1
         assert p.status_detail == "Error: Failed to get stack traces"
         assert "Failed to suspend process" in p.meta["error"] and p.threads == []
+        assert p.role == ROLE_RANK and p.command.endswith("stopped_rank.py")
+        job = read_paths([scenario("stopped_rank", kind)], rank_map=truth("stopped_rank"))
+        assert next(p for p in job.processes if p.status == STATUS_UNRESPONSIVE).rank == 1
     # with --json py-spy prints the error with no "Process" line: kept, pid unknown
     job = read_paths([scenario("stopped_rank", "json")])
     bad = [p for p in job.processes if p.status == STATUS_UNRESPONSIVE]

@@ -237,6 +237,8 @@ def role_of(process: "Process") -> str:
         main is not None and is_launcher_stack(main.frames)
     ):
         return ROLE_LAUNCHER
-    if process.rank is not None or any(t.frames for t in process.threads):
+    # A process the dumper could not read still has a command line when py-spy printed its
+    # "Process N: cmd" line: the launcher's children are the ranks.
+    if process.rank is not None or process.command or any(t.frames for t in process.threads):
         return ROLE_RANK
     return ROLE_UNKNOWN

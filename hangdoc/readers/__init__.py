@@ -232,8 +232,16 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
                 fields = parse_tag(text)
                 if fields is not None:
                     tags.append((ch, lineno, fields))
+                    ch.tag_line = lineno
                 continue
-            new = _detect(ctx, lineno, text)
+            if ch.tag_line and text.startswith("Error: "):
+                # right after a tag line, any "Error: ..." is the dumper's (hangdoc dump writes the
+                # reasons no dumper could read the process this way)
+                new = _pyspy.PySpyParser(ctx, lineno)
+            else:
+                new = _detect(ctx, lineno, text)
+            if new is not None or text.strip():
+                ch.tag_line = 0
             if new is not None:
                 new.feed(lineno, text)
                 ch.parser = new
@@ -337,10 +345,15 @@ def _int(v: Optional[str]) -> Optional[int]:
         return None
 
 
+_STATUSES = {STATUS_OK, STATUS_TRUNCATED, "unresponsive", "stopped"}
+_TAG_FIELDS = ("host", "pid", "rank", "local_rank", "ppid", "parent_rank", "world_size", "role", "status", "reason",
+               "main_thread")
+
+
 def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
     p.meta["tagged"] = True
     p.host = fields.get("host") or p.host
-    for name in ("pid", "rank", "local_rank", "ppid"):
+    for name in ("pid", "rank", "local_rank", "ppid", "parent_rank"):
         v = _int(fields.get(name))
         if v is not None:
             setattr(p, name, v)
@@ -351,8 +364,27 @@ def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
         p.meta["world_size"] = ws
     if fields.get("role"):
         p.role = fields["role"]
+    status = fields.get("status")
+    if status in _STATUSES and status != STATUS_OK:
+        # "hangdoc dump" says what it saw (a stopped process, one no dumper could read)
+        p.status = status
+        if fields.get("reason"):
+            p.status_detail = fields["reason"].replace("_", " ")
+    elif fields.get("reason"):
+        p.meta["reason"] = fields["reason"]
+    main = fields.get("main_thread")
+    if main and p.threads:
+        # the watchdog names the main thread: faulthandler output does not say which it is
+        try:
+            want = int(main, 16)
+            hit = [t for t in p.threads if t.ident.startswith("0x") and int(t.ident, 16) == want]
+        except ValueError:
+            hit = []
+        if hit:
+            for t in p.threads:
+                t.is_main = t is hit[0]
     for k, v in fields.items():
-        if k not in ("host", "pid", "rank", "local_rank", "ppid", "world_size", "role"):
+        if k not in _TAG_FIELDS:
             p.meta[k] = v
 
 
