@@ -102,7 +102,7 @@ def _headline(d: sequence.Divergence) -> str:
 
 def findings(report: Report) -> List[Finding]:
     """Findings from ``report.job.records`` (empty when there are none)."""
-    records = list(report.job.records)
+    records = sequence.one_origin(report.job.records)
     if not records:
         return []
     out: List[Finding] = []

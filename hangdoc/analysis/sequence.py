@@ -93,9 +93,21 @@ def _what(rec: CollectiveRecord) -> str:
     return f"{rec.op} #{rec.seq}" + (f" ({inner})" if inner else "")
 
 
+def one_origin(records: Iterable[CollectiveRecord]) -> List[CollectiveRecord]:
+    """Per rank, the records of one origin: hangdoc's own when a rank has both hangdoc records and
+    a Flight Recorder dump of the same calls (their numbering differs, mixing them would misalign)."""
+    records = list(records)
+    origins: Dict[int, set] = defaultdict(set)
+    for r in records:
+        origins[r.rank].add(r.origin)
+    if all(len(o) == 1 for o in origins.values()):
+        return records
+    return [r for r in records if len(origins[r.rank]) == 1 or r.origin == "hangdoc"]
+
+
 def _by_group(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, List[CollectiveRecord]]]:
     groups: Dict[str, Dict[int, List[CollectiveRecord]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
+    for r in one_origin(records):
         groups[r.group][r.rank].append(r)
     for per_rank in groups.values():
         for lst in per_rank.values():
@@ -331,7 +343,7 @@ def counts(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, Tuple[int
 def pending(records: Iterable[CollectiveRecord]) -> Dict[int, List[CollectiveRecord]]:
     """Rank -> records issued but never seen completed, oldest first: where each rank is blocked."""
     out: Dict[int, List[CollectiveRecord]] = defaultdict(list)
-    for r in records:
+    for r in one_origin(records):
         if r.state == "issued":
             out[r.rank].append(r)
     for lst in out.values():
@@ -350,7 +362,7 @@ def wait_for(records: Iterable[CollectiveRecord]) -> Tuple[Dict[Node, List[Node]
     in that group; a blocked recv (send) waits for the peer that has not issued the matching send
     (recv) in that group, matched by order per (sender, receiver) pair.
     """
-    records = list(records)
+    records = one_origin(records)
     blocked: Dict[Node, CollectiveRecord] = {}
     for rank, lst in pending(records).items():
         for rec in lst:
