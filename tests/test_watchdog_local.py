@@ -94,9 +94,10 @@ def test_stall_dump_names_the_blocked_function_once_then_again(tmp_path):
         assert "stuck_in_the_middle" in block.split("\n\n")[0]
         out_text, err = p.communicate(timeout=20)
         assert p.returncode == 0, err
-        dumps = [line for line in err.splitlines() if line.startswith("hangdoc watchdog:")]
+        dumps = [line for line in err.splitlines() if "hangdoc watchdog:" in line]
         # once when the stall starts (0.5 s), again at 4x the timeout later (2.5 s), not more
         assert len(dumps) == 2, err
+        assert all(line.startswith("[") and ":0] hangdoc watchdog:" in line for line in dumps), dumps
         assert "no progress for" in dumps[0] and "still no progress" in dumps[1]
     finally:
         _kill(p)

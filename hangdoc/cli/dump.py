@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise UsageError("--timeout must be > 0")
+    if not os.path.isdir("/proc/self"):
+        raise UsageError("hangdoc dump reads /proc, which this system does not have (Linux only)")
     try:
         procs = collect.find_processes(args.pid, all_users=args.all_users)
     except LookupError as e:

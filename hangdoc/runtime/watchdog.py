@@ -388,9 +388,17 @@ def _enable_recorder(out_dir: str) -> Any:
 
 
 def _say(message: str) -> None:
-    """One line to stderr without Python's stream locks (the main thread may hold them forever)."""
+    """One line to stderr without Python's stream locks (the main thread may hold them forever),
+    with the ``[host:rank]`` prefix unless hangdoc's output prefixing adds it anyway."""
     try:
-        os.write(2, (message.rstrip("\n") + "\n").encode("utf-8", "replace"))
+        from hangdoc.runtime.exchange import _prefix
+        from hangdoc.runtime.identity import identity
+
+        prefix = _prefix(identity())
+    except Exception:
+        prefix = ""
+    try:
+        os.write(2, (prefix + message.rstrip("\n") + "\n").encode("utf-8", "replace"))
     except OSError:
         pass
 
