@@ -331,8 +331,56 @@ def write_readme(out: str, args: argparse.Namespace, commands: List[str]) -> Non
         f.write("\n".join(lines))
 
 
+def capture_pythons(out: str, pythons: List[str], timeout: float = 30.0) -> int:
+    """``lock_cycle.py`` (no torch) under each Python: ``py-spy dump --full-filenames`` and the
+    faulthandler output of each, one file per Python (``trace-py3.12.out``: host ``py3.12``)."""
+    script = os.path.join(HERE, "hangs", "lock_cycle.py")
+    os.makedirs(out, exist_ok=True)
+    made = []
+    for py in pythons:
+        version = subprocess.run([py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 stdout=subprocess.PIPE, text=True, timeout=timeout).stdout.strip()
+        err_path = os.path.join(out, f"faulthandler-py{version}.log")
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen([py, script], stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+            try:
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    line = proc.stdout.readline()
+                    if not line or line.startswith(b"HANG-POINT"):
+                        break
+                time.sleep(0.5)
+                text = run_dumper(["py-spy", "dump", "--full-filenames", "--pid", str(proc.pid)], timeout)
+                with open(os.path.join(out, f"trace-py{version}.out"), "w") as f:
+                    f.write(text)
+                os.kill(proc.pid, signal.SIGUSR1)
+                time.sleep(1)
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+        made.append(f"{version}: {py}")
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write("# pythons: one hang under several Python versions\n\n"
+                "Captured by `python examples/capture_dumps.py --pythons PYTHON...` (nothing edited by hand):\n"
+                "`examples/hangs/lock_cycle.py` (a lock-order deadlock between two threads, no torch) run under\n"
+                + "".join(f"- Python {m}\n" for m in made)
+                + "\n`trace-pyX.Y.out`: `py-spy dump --full-filenames --pid PID`; `faulthandler-pyX.Y.log`: its\n"
+                "stderr after `kill -USR1 PID` (faulthandler registered on SIGUSR1).\n")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "--pythons":
+        out = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "dumps", "pythons")
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        return capture_pythons(out, argv[1:] or [sys.executable])
     p.add_argument("scenario", help="name of a script in examples/hangs/ (without .py)")
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--nodes", type=int, default=2, help="pretend nodes to split the ranks into")

@@ -275,3 +275,23 @@ def test_glob_and_rank_map_by_pid_only():
     job = read_paths([os.path.join(scenario("healthy", "plain"), "trace-*.out")], rank_map=pid_map)
     assert sorted(p.rank for p in job.processes) == [0, 1]
     assert all(p.main_thread.state in ("active", "active+gil", "idle") for p in job.processes)
+
+
+def test_same_code_on_three_pythons_compares_equal():
+    """lock_cycle.py dumped under Python 3.11, 3.12 and 3.13: line numbers of the standard library
+    differ, its paths (…/lib/python3.X/threading.py) normalise to the same name."""
+    job = read_paths([scenario("pythons")])
+    assert job.errors == []
+    pyspy = {p.host: p for p in job.processes if p.format == "py-spy"}
+    assert sorted(pyspy) == ["py3.11", "py3.12", "py3.13"]
+    loader_stacks = {
+        tuple((f.function, f.file) for f in next(t for t in p.threads if t.name == "loader").frames)
+        for p in pyspy.values()}
+    assert loader_stacks == {(("Thread._bootstrap", "threading.py"), ("Thread._bootstrap_inner", "threading.py"),
+                              ("Thread.run", "threading.py"), ("load_batches", "/work/main/examples/hangs/lock_cycle.py"))}
+    lines = {p.host: next(t for t in p.threads if t.name == "loader").frames[0].line for p in pyspy.values()}
+    assert len(set(lines.values())) == 3  # really three different standard libraries
+    fh = [p for p in job.processes if p.format == "faulthandler"]
+    assert len(fh) == 3
+    assert len({tuple((f.function, f.file) for t in p.threads for f in t.frames) for p in fh}) == 1
+    assert all(p.main_thread.top.function == "main" for p in fh)
