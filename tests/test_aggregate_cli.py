@@ -220,3 +220,33 @@ def test_progress_only_on_a_terminal_and_only_after_the_delay(monkeypatch):
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no thread at all
     assert aggregate.Progress(after=0.0)._thread is None
+
+
+def test_reading_in_several_processes_gives_the_same_report():
+    paths = [DUMPS, os.path.join(ROOT, "tests", "fixtures", "bloom")]
+    rc1, one, err = hangdoc(*paths, "--format", "json", "-j", "1")
+    assert rc1 == 0, err
+    for j in ("2", "3"):
+        rc, out, err = hangdoc(*paths, "--format", "json", "-j", j)
+        assert rc == 0 and out == one, err
+    rc, _, err = hangdoc(*paths, "-j", "0")
+    assert rc == 2 and "--jobs must be at least 1" in err
+
+
+def test_a_failing_helper_only_means_its_files_are_read_here(monkeypatch):
+    from hangdoc.cli import aggregate
+    from hangdoc.readers import read_paths
+
+    paths = [os.path.join(SKIP, "plain"), BLOOM]
+    want = json.loads(_render(read_paths(paths, rank_map=None)))
+    for broken in (lambda job: b"not marshal data", lambda job: 1 / 0):
+        monkeypatch.setattr(aggregate, "_encode", broken)  # takes effect in the forked helper
+        got = aggregate.ParallelRead.start(paths, None, 2).finish()
+        assert json.loads(_render(got)) == want
+
+
+def _render(job):
+    from hangdoc.analysis.grouping import build_report
+    from hangdoc.renderers import RenderOptions, render
+
+    return render(build_report(job), "json", RenderOptions())
