@@ -308,3 +308,12 @@ def test_real_dumps_other_threads_and_processes_without_rank():
     # processes without a rank are named by pid and host, on the edges and in the groups
     assert re.search(r'<text class="el culprit" x="\d+" y="[\d.]+">jean-zay-iam48</text><text class="el culprit" x="\d+" y="[\d.]+">pid 688514</text>', page)
     assert re.search(r"pids? [\d,-]+ on jean-zay-iam4[89]", "".join(t.text))
+
+
+def test_no_hang_is_calm_and_an_empty_job_still_renders():
+    from hangdoc.analysis import analyse
+
+    page = render(analyse(Job()), "html", RenderOptions())
+    assert '<div class="verdict calm">' in page and ">no-hang</span>" in page
+    assert_only_our_markup(page)
+    ET.fromstring(page[page.index("<svg"):page.index("</svg>") + 6])
