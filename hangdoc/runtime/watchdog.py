@@ -234,6 +234,7 @@ class Watchdog:
         seen = self._progress()
         if seen != self._seen:
             self._seen = seen
+            previous = self.last_progress
             self.last_progress = now
             self.last_progress_wall = time.time()
             rec_last = getattr(self._recorder, "last_progress", None)
@@ -244,6 +245,7 @@ class Watchdog:
             self._armed = True
             if self._stalled:
                 self._stalled = False
+                _say("hangdoc watchdog: progress again after %.1fs; the stall is over" % (now - previous))
                 self._recovered()
         self._check_signal_file()
         if self.report and not self._stalled and not self._store_ready:
