@@ -134,16 +134,15 @@ def _detect(ctx: FileContext, lineno: int, line: str) -> Optional[BlockParser]:
 class _Channel:
     """The lines of one prefix (one rank's output) inside a file, with their own parser."""
 
-    __slots__ = ("parser", "tag", "tag_line", "rank", "local_rank", "host", "started")
+    __slots__ = ("parser", "tag_line", "rank", "local_rank", "host")
 
     def __init__(self, rank: Optional[int] = None, local_rank: Optional[int] = None, host: Optional[str] = None):
         self.parser: Optional[BlockParser] = None
-        self.tag: Optional[Dict[str, str]] = None
+        #: the line of a tag not yet followed by anything (0: none)
         self.tag_line = 0
         self.rank = rank
         self.local_rank = local_rank
         self.host = host
-        self.started: List[Tuple[int, Process]] = []
 
 
 def _channel_for(channels: Dict[str, _Channel], line: str) -> Tuple[_Channel, str]:
@@ -456,11 +455,10 @@ def _tie_workers_by_order(procs: List[Process]) -> None:
     if not workers or not ranks:
         return
     order = {id(p): i for i, p in enumerate(procs)}
-    last_worker = max(order[id(w)] for w in workers)
-    interleaved = any(order[id(r)] > min(order[id(w)] for w in workers) for r in ranks)
+    first_worker = min(order[id(w)] for w in workers)
+    interleaved = any(order[id(r)] > first_worker for r in ranks)
     if len(ranks) > 1 and not interleaved:
         return
-    del last_worker
     current: Optional[Process] = None
     for p in procs:
         if p.role == ROLE_RANK:

@@ -19,7 +19,7 @@ import re
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hangdoc.analysis.normalize import normalize_file
-from hangdoc.model import Frame, ParseError, Process, Source, Thread
+from hangdoc.model import Frame, ParseError, Process, Source
 
 #: a line longer than this is cut (and reported once per file): binary garbage has no newlines.
 MAX_LINE = 1 << 16
