@@ -89,3 +89,16 @@ def test_deep_stacks_and_processes_without_identity():
     out = render(build_report(job), "text", RenderOptions(show_plumbing=True))
     assert "r2999 (rec.py:2999)" in out
     assert "1 process without rank" in out
+
+
+def test_long_rank_sets_are_cut_in_the_middle_but_json_keeps_them():
+    import json
+
+    procs = [proc(r, BCAST_A, host=f"n{r:05d}") for r in range(0, 4000) if r % 97]
+    report = build_report(Job(processes=procs))
+    out = render(report, "text", RenderOptions())
+    line = next(l for l in out.splitlines() if l.startswith("  #1"))
+    assert line.endswith("ranks 1-96,98-193,195-290,292-387,389-484,486-581,…(+35),3978-3999 on hosts n[00001-00096,00098-00193,00195-00290,…(+38),03978-03999]")
+    assert len(line) < 200
+    doc = json.loads(render(report, "json", RenderOptions()))
+    assert "…" not in doc["groups"][0]["ranks"] and len(doc["groups"][0]["ranks"].split(",")) == 42

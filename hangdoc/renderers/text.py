@@ -28,6 +28,8 @@ MAX_ERRORS = 20
 MAX_CULPRITS = 8
 #: processes without a rank are named by pid when there are at most this many of them.
 MAX_PIDS = 8
+#: a rank or host set longer than this is cut in the middle (``--format json`` has it whole).
+MAX_SET_CHARS = 72
 
 
 def render(report: Report, options) -> str:
@@ -81,7 +83,7 @@ class Sets:
                 unranked += u
                 parents.extend(pr)
                 n += g.count
-            hit = self._cache[key] = (compress_ranks(ranks), compress_hosts(hosts), unranked, n)
+            hit = self._cache[key] = (shorten(compress_ranks(ranks)), shorten(compress_hosts(hosts)), unranked, n)
             self._parents[key] = compress_ranks(parents)
         return hit
 
@@ -111,6 +113,45 @@ class Sets:
         if members is not None and len(members) == 1 and members[0].pid is not None and members[0].rank is not None:
             parts.append(f"pid {members[0].pid}")
         return " ".join(parts) if parts else f"{n} processes"
+
+
+def shorten(ranges: str, limit: int = MAX_SET_CHARS) -> str:
+    """A compressed set cut in its middle for a terminal, ``…(+9)`` counting the ranges left out;
+    JSON keeps it whole.
+
+        >>> shorten("1-5,7-9,11,13,15,17,19,21,23,25,27,29", 24)
+        '1-5,7-9,…(+9),29'
+    """
+    if len(ranges) <= limit:
+        return ranges
+    # split on commas outside host brackets
+    parts, depth, cur = [], 0, []
+    for ch in ranges:
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        depth += ch == "["
+        depth -= ch == "]"
+        cur.append(ch)
+    parts.append("".join(cur))
+    for i, part in enumerate(parts):  # a hostlist's bracket: cut inside it
+        if len(part) > limit and part.endswith("]") and "[" in part:
+            prefix, inner = part[:-1].split("[", 1)
+            parts[i] = f"{prefix}[{shorten(inner, max(limit - len(prefix) - 2, 16))}]"
+    if len(parts) < 3:
+        return ",".join(parts)
+    head: List[str] = []
+    used = len(parts[-1]) + 12
+    for part in parts[:-1]:
+        if head and used + len(part) + 1 > limit:
+            break
+        head.append(part)
+        used += len(part) + 1
+    hidden = len(parts) - 1 - len(head)
+    if hidden <= 0:
+        return ",".join(parts)
+    return ",".join(head) + f",…(+{hidden})," + parts[-1]
 
 
 def plural(n: int, word: str) -> str:
