@@ -198,3 +198,16 @@ def test_hangdoc_dump_status_tags_and_main_thread(tmp_path):
     assert (worker.role, worker.parent_rank, worker.ppid, worker.meta["source"]) == ("dataloader-worker", 1, 77, "hangdoc-dump")
     assert watched.main_thread.ident == "0x00007f0000000002" and watched.meta["reason"] == "no_progress"
     assert job.world_size == 2
+
+
+def test_directory_walk_skips_reports_logs_and_traces(tmp_path):
+    shutil.copy(PLAIN, tmp_path / "trace-node1.out")
+    (tmp_path / "report.txt").write_text("Thread 12 (idle): \"MainThread\"\n    main (t.py:1)\n")
+    (tmp_path / "train.log").write_text("Thread pool started\nProcess group initialised\n")
+    (tmp_path / "trace-node1-0-4242.txt").write_text("train.py:12: x = 1\n")
+    job = read_paths([str(tmp_path)])
+    assert [os.path.basename(s.path) for s in job.sources] == ["trace-node1.out"]
+    assert job.errors == [] and len(job.processes) == 4
+    # named on the command line, the same log is read and its emptiness reported
+    job = read_paths([str(tmp_path / "train.log")])
+    assert [e.message for e in job.errors] == ["no stack dump found"]

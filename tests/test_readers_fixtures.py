@@ -246,6 +246,9 @@ def test_gdb_and_pystack_native_frames():
     assert p.main_thread.ident == "24709" and len(p.threads) == 4
     assert "kill" in p.main_thread.top.function  # it stopped itself with SIGSTOP
     assert any("c10d" in f.function or "gloo" in f.function for t in p.threads for f in t.frames)
+    # gdb lines differ in addresses and argument values; equal stacks still share one tuple
+    mains = [q.main_thread.frames for q in job.processes if q.pid != 24709]
+    assert len(mains) == 3 and all(m is mains[0] for m in mains)
     job = read_paths([scenario("stopped_rank", "pystack")])
     p = next(p for p in job.processes if p.pid == 24709)
     names = [f.function for f in p.main_thread.frames]

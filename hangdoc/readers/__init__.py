@@ -90,6 +90,8 @@ _SKIP_SUFFIXES = (
     ".jpeg", ".gif", ".pdf", ".gz", ".bz2", ".xz", ".zip", ".tar", ".whl", ".ipynb", ".toml", ".cfg",
     ".ini", ".yaml", ".yml", ".pt", ".pth", ".safetensors", ".bin", ".npy", ".npz",
 )
+# What hangdoc itself writes next to the dumps: reports, not inputs.
+_OWN_OUTPUTS = {"report.txt", "report.json", "report.md", "report.html", "report.dot", "report.svg"}
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".tox", ".venv", "venv"}
 
 # torchrun --tee / --log-line-prefix-template: "[rank3]:", "[default3]:", "[3]:";
@@ -552,12 +554,15 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
             job.records.extend(recs)
             return source
     if not named:
-        if base.endswith(_SKIP_SUFFIXES) or b"\x00" in head[:4096] or not any(m in head for m in _MARKERS):
+        if base.endswith(_SKIP_SUFFIXES) or base in _OWN_OUTPUTS or b"\x00" in head[:4096] \
+                or not any(m in head for m in _MARKERS):
             return None
     elif b"\x00" in head[:4096] and not any(m in head for m in _MARKERS):
         source.errors.append(ParseError(path, 1, "binary file, not a stack dump; skipped"))
         return source
     procs = _read_stacks(path, source, interner)
+    if not procs and not named:
+        return None  # a walked file that only looked like a dump (a log that mentions "Thread ")
     source.processes = len(procs)
     job.processes.extend(procs)
     if not procs:

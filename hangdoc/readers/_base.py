@@ -93,6 +93,8 @@ class FileContext:
 
 
 _TRACE_NAME_RE = re.compile(r"^trace-(.+?)\.(?:out|txt|log)$")
+# NicerTrace's own trace-{host}-{local_rank}-{pid}.txt (hangdoc.runtime.options.KINDS)
+_NICERTRACE_NAME_RE = re.compile(r"^trace-(.+)-(\d+)-(\d+)\.txt$")
 _HANGDOC_NAME_RE = re.compile(r"^(?:stacks|trace|collectives)-(.+)-r(\d+)-(\d+)\.(?:txt|jsonl|out)$")
 _RANK_NAME_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^\d]|$)", re.I)
 
@@ -110,10 +112,15 @@ def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optiona
     ('iam01', 12, 4242)
     >>> identity_from_name("stderr-rank2.log")
     (None, 2, None)
+    >>> identity_from_name("trace-iam01-3-4242.txt")  # NicerTrace's own trace file
+    ('iam01', None, 4242)
     """
     m = _HANGDOC_NAME_RE.match(base)
     if m:
         return m.group(1), int(m.group(2)), int(m.group(3))
+    m = _NICERTRACE_NAME_RE.match(base)
+    if m:
+        return m.group(1), None, int(m.group(3))
     m = _TRACE_NAME_RE.match(base)
     if m:
         return m.group(1), None, None

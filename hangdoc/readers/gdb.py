@@ -149,6 +149,9 @@ class GdbParser(BlockParser):
             return tuple(out)
 
         frames = self.ctx.interner.stack((FORMAT,) + tuple(raw), build)
+        # gdb lines carry addresses and argument values that differ from process to process:
+        # intern by the frames themselves too, so equal stacks still share one tuple
+        frames = self.ctx.interner.stacks.setdefault(("gdb-frames",) + frames, frames)
         self.threads.append(Thread(ident=lwp, name=name, frames=frames, is_main=number == "1"))
 
     def _end_process(self, pid: Optional[int]) -> None:
