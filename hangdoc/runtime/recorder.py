@@ -209,7 +209,11 @@ class Recorder:
         # keeps the id from being reused; entries go as soon as completion is observed.
         self._works: Dict[int, Tuple[Any, List[list]]] = {}
         # CUDA events recorded after a call on CUDA tensors: GPU completion without a sync.
-        self._events: List[Tuple[Any, list]] = []
+        # CUDA completion without a sync: per stream, (event or None, record) in issue order.
+        # Work on one stream completes in order, so a completed event completes every record before
+        # it; past a backlog only every 16th call records an event. Events are pooled for reuse.
+        self._events: Dict[str, collections.deque] = {}
+        self._event_pool: List[Any] = []
         self._seq: Dict[Any, int] = {}
         self.errors = 0
         self.dumped_to: Optional[str] = None
@@ -261,21 +265,44 @@ class Recorder:
                     self._works.pop(key, None)
                     failed = False
                     try:
-                        failed = not work.is_success()
+                        failed = work.exception() is not None
                     except Exception:
                         pass
                     for rec in recs:
                         self._complete(rec, "failed" if failed else "completed")
-            if self._events:
-                keep = []
-                for ev, rec in self._events:
-                    if ev.query():
-                        self._complete(rec)
-                    else:
-                        keep.append((ev, rec))
-                self._events = keep
+            for stream, entries in list(self._events.items()):
+                self._sweep_stream(entries)
         except Exception as e:  # a torn-down process group must not break the watchdog
             _report(e)
+
+    def _sweep_stream(self, entries: collections.deque) -> None:
+        done_upto = -1
+        for i, (ev, _rec) in enumerate(entries):
+            if ev is None:
+                continue
+            if not ev.query():
+                break
+            done_upto = i
+        for _ in range(done_upto + 1):
+            ev, rec = entries.popleft()
+            if ev is not None and len(self._event_pool) < 1024:
+                self._event_pool.append(ev)
+            self._complete(rec)
+
+    def _track_cuda(self, rec: tuple) -> None:
+        entries = self._events.get(rec[_STREAM])
+        if entries is None:
+            entries = self._events[rec[_STREAM]] = collections.deque()
+        n = len(entries)
+        ev = None
+        if n < 64 or rec[_SEQ] % 16 == 0:
+            import torch
+
+            ev = self._event_pool.pop() if self._event_pool else torch.cuda.Event()
+            ev.record()
+        entries.append((ev, rec))
+        if n >= 64 and rec[_SEQ] % 64 == 0:
+            self._sweep_stream(entries)
 
     # -- output --------------------------------------------------------------------------------
     def _materialise(self, r: list) -> Any:
@@ -482,13 +509,25 @@ def _tensor_meta(value: Any, objects: bool) -> Tuple[tuple, tuple, Any]:
     return (tuple(value.shape),), (value.dtype,), value
 
 
+_STREAM_NAMES: Dict[int, str] = {}
+
+
 def _stream_of(tensor: Any) -> Optional[str]:
+    """``default`` or ``stream<id>``: the caller's current stream on the tensor's device.
+
+    Stream ids are assigned in creation order, so the same program names the same streams alike
+    on every rank; the name is what the misplacement check compares.
+    """
     if tensor is None or not getattr(tensor, "is_cuda", False):
         return None
     import torch
 
-    s = torch.cuda.current_stream(tensor.device)
-    return "default" if s.stream_id == 0 else f"stream{s.stream_id}"
+    get = getattr(torch._C, "_cuda_getCurrentStream", None)
+    sid = get(tensor.get_device())[0] if get is not None else torch.cuda.current_stream(tensor.device).stream_id
+    name = _STREAM_NAMES.get(sid)
+    if name is None:
+        name = _STREAM_NAMES[sid] = "default" if sid == 0 else f"stream{sid}"
+    return name
 
 
 def _issue(spec: _Spec, args: tuple, kwargs: dict, frame: Any) -> Tuple[tuple, Any]:
@@ -517,13 +556,7 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
         else:
             r._complete(rec)  # async_op=True on a rank outside the group returns None
     elif rec[_STREAM] is not None:
-        import torch
-
-        ev = torch.cuda.Event()
-        ev.record()
-        r._events.append((ev, rec))
-        if len(r._events) > 256:
-            r._sweep()
+        r._track_cuda(rec)
     else:
         r._complete(rec)
 
