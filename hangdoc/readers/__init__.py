@@ -42,7 +42,8 @@ import io
 import json
 import os
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from hangdoc.model import (
     ROLE_LAUNCHER,
@@ -65,7 +66,10 @@ from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks
 from hangdoc.tags import PREFIX as _TAG_PREFIX
 from hangdoc.tags import parse_tag
 
-__all__ = ["read_paths", "read_text", "read_file", "load_rank_map", "expand_paths"]
+__all__ = [
+    "read_paths", "read_files", "read_file", "read_text", "expand_paths", "finish_job", "load_rank_map",
+    "normalize_rank_map", "gc_paused", "Interner",
+]
 
 #: bytes read to decide what a file is
 HEAD_BYTES = 1 << 16
@@ -594,35 +598,52 @@ def read_paths(paths: Iterable[str], rank_map: Optional[Dict[str, object]] = Non
     >>> [(p.host, p.pid, p.rank) for p in job.processes]
     [('node7', 9, 5)]
     """
-    # Hundreds of thousands of small objects and no reference cycles among them: the cyclic
-    # garbage collector would only rescan them again and again (it doubled the time at 131,072 ranks).
+    job = read_files(expand_paths(list(paths)), progress)
+    finish_job(job, rank_map)
+    return job
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while reading.
+
+    Reading makes hundreds of thousands of small objects and no reference cycles among them: the
+    collector would only rescan them again and again (it doubled the time at 131,072 ranks).
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _read_paths(paths, rank_map, progress)
+        yield
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _read_paths(paths: Iterable[str], rank_map: Optional[Dict[str, object]],
-                progress: Optional[Callable[[int, int, str], None]]) -> Job:
+def read_files(files: List[Tuple[str, bool]], progress: Optional[Callable[[int, int, str], None]] = None,
+               total: Optional[int] = None) -> Job:
+    """The per-file part of :func:`read_paths`: ``files`` as :func:`expand_paths` returns them,
+    read into a Job without the cross-file step (:func:`finish_job`). For callers that split the
+    files among processes and merge the Jobs before ``finish_job``.
+
+    >>> job = read_files([("no/such/file.out", True)])
+    >>> [str(e) for e in job.errors]
+    ['no/such/file.out:0: no such file or directory']
+    """
     job = Job()
     interner = Interner()
-    files = expand_paths(list(paths))
-    for i, (path, named) in enumerate(files):
-        if progress is not None:
-            progress(i, len(files), path)
-        if not os.path.exists(path):
-            job.sources.append(Source(path, errors=[ParseError(path, 0, "no such file or directory")]))
-            continue
-        try:
-            source = read_file(path, named, job, interner)
-        except Exception as e:  # never a traceback from hangdoc: one error for the file, go on
-            source = Source(path, errors=[ParseError(path, 0, f"could not read: {type(e).__name__}: {e}")])
-        if source is not None:
-            job.sources.append(source)
-    finish_job(job, rank_map)
+    with gc_paused():
+        for i, (path, named) in enumerate(files):
+            if progress is not None:
+                progress(i, total or len(files), path)
+            if not os.path.exists(path):
+                job.sources.append(Source(path, errors=[ParseError(path, 0, "no such file or directory")]))
+                continue
+            try:
+                source = read_file(path, named, job, interner)
+            except Exception as e:  # never a traceback from hangdoc: one error for the file, go on
+                source = Source(path, errors=[ParseError(path, 0, f"could not read: {type(e).__name__}: {e}")])
+            if source is not None:
+                job.sources.append(source)
     return job
 
 
