@@ -28,21 +28,31 @@ def _loop(dist, t, n: int) -> float:
 
 
 def _loop_module(dist, t, n: int) -> float:
+    import torch
+
+    sync = torch.cuda.synchronize if t.is_cuda else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     for _ in range(n):
         dist.all_reduce(t)
+    sync()
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def run(rank: int, world: int, port: int, calls: int, rounds: int) -> None:
+def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import torch
     import torch.distributed as dist
 
     from hangdoc.runtime import recorder
 
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    t = torch.ones(4)
+    if cuda:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+        t = torch.ones(4, device="cuda")
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        t = torch.ones(4)
     _loop_module(dist, t, 2000)  # warm-up
     off, on = [], []
     n_rec = 0
@@ -55,7 +65,8 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int) -> None:
         recorder.disable()
     # All ranks ran the same number of calls; only rank 0 reports.
     if rank == 0:
-        print(f"world size {world}, all_reduce([4] float32) on gloo, {rounds} alternating rounds of {calls} calls")
+        print(f"world size {world}, all_reduce([4] float32) on {'nccl' if cuda else 'gloo'}, "
+              f"{rounds} alternating rounds of {calls} calls")
         for label, f in (("min", min), ("median", statistics.median)):
             a, b = f(off), f(on)
             print(f"{label:>6}: recorder off {a:7.2f} µs/call   on {b:7.2f} µs/call   "
@@ -96,6 +107,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--cuda", action="store_true", help="NCCL on CUDA tensors (one GPU per rank)")
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -106,10 +118,11 @@ def main() -> int:
         import subprocess
 
         others = [subprocess.Popen([sys.executable, __file__, "--calls", str(args.calls), "--rounds", str(args.rounds),
-                                    "--world", str(args.world), "--rank", str(r), "--port", str(args.port)],
+                                    "--world", str(args.world), "--rank", str(r), "--port", str(args.port)]
+                                   + (["--cuda"] if args.cuda else []),
                                    start_new_session=True) for r in range(1, args.world)]
         try:
-            run(0, args.world, args.port, args.calls, args.rounds)
+            run(0, args.world, args.port, args.calls, args.rounds, args.cuda)
         finally:
             for p in others:
                 try:
@@ -117,7 +130,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, 9)
         return 0
-    run(args.rank, args.world, args.port, args.calls, args.rounds)
+    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda)
     return 0
 
 
