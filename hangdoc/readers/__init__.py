@@ -598,8 +598,9 @@ def read_paths(paths: Iterable[str], rank_map: Optional[Dict[str, object]] = Non
     >>> [(p.host, p.pid, p.rank) for p in job.processes]
     [('node7', 9, 5)]
     """
-    job = read_files(expand_paths(list(paths)), progress)
-    finish_job(job, rank_map)
+    with gc_paused():
+        job = read_files(expand_paths(list(paths)), progress)
+        finish_job(job, rank_map)
     return job
 
 
