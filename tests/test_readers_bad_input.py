@@ -211,3 +211,12 @@ def test_directory_walk_skips_reports_logs_and_traces(tmp_path):
     # named on the command line, the same log is read and its emptiness reported
     job = read_paths([str(tmp_path / "train.log")])
     assert [e.message for e in job.errors] == ["no stack dump found"]
+
+
+def test_error_lines_of_other_programs_are_not_processes():
+    text = (
+        "Error: failed to load checkpoint step_100.pt, starting from scratch\n"
+        "Error: Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'\n"
+    )
+    job = read_text(text)
+    assert [p.status_detail[:25] for p in job.processes] == ["Error: Permission Denied:"]

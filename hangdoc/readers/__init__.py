@@ -242,7 +242,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
             if ch.tag_line and text.startswith("Error: "):
                 # right after a tag line, any "Error: ..." is the dumper's (hangdoc dump writes the
                 # reasons no dumper could read the process this way)
-                new = _pyspy.PySpyParser(ctx, lineno)
+                new = _pyspy.PySpyParser(ctx, lineno, after_tag=True)
             else:
                 new = _detect(ctx, lineno, text)
             if new is not None or text.strip():

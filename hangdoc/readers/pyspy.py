@@ -80,7 +80,15 @@ def starts(line: str) -> bool:
         return True
     if line.startswith("Thread ") and _THREAD_RE.match(line):
         return True
-    return line.startswith(_ERROR_PREFIXES) and ("stack trace" in line or "py-spy" in line or "process" in line.lower())
+    # any "Error: ..." may be py-spy's; close() keeps a headerless one only when it reads like py-spy
+    return line.startswith(_ERROR_PREFIXES)
+
+
+# What only py-spy's own error reports say (a log's "Error: failed to load x" must not become an
+# unresponsive process).
+_PYSPY_ERROR_MARKS = ("Failed to get stack traces", "Failed to suspend process", "python version", "Python version",
+                      "Permission Denied", "py_spy::", "py-spy", "Failed to get process executable name",
+                      "Failed to find python", "No python processes found")
 
 
 class PySpyParser(BlockParser):
@@ -89,8 +97,10 @@ class PySpyParser(BlockParser):
     format = FORMAT
     indent = "    "
 
-    def __init__(self, ctx: FileContext, lineno: int) -> None:
+    def __init__(self, ctx: FileContext, lineno: int, after_tag: bool = False) -> None:
         super().__init__(ctx, lineno)
+        #: a tag line came just before: whatever error follows is the dumper's
+        self.after_tag = after_tag
         self.process = Process(format=FORMAT, source_line=lineno)
         self.threads: List[Thread] = []
         self._thread: Optional[Tuple[str, Optional[str], Optional[str]]] = None
@@ -145,8 +155,8 @@ class PySpyParser(BlockParser):
             self._end_thread()
             return True
         if line.startswith(_ERROR_PREFIXES):
-            if self.threads or self._thread:
-                return False
+            if self.threads or self._thread or self._in_error:
+                return False  # py-spy prints one "Error:" per process
             self._in_error = True
             self._error_lines.append(line.strip())
             return True
@@ -209,6 +219,10 @@ class PySpyParser(BlockParser):
         p = self.process
         p.threads = self.threads
         if self._error_lines:
+            if not self._seen_header and not self.after_tag:
+                text = "\n".join(self._error_lines)
+                if not any(m in text for m in _PYSPY_ERROR_MARKS):
+                    return []
             p.status = STATUS_UNRESPONSIVE
             p.status_detail = self._error_lines[0]
             p.meta["error"] = "\n".join(self._error_lines[:40])
