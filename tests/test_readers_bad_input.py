@@ -219,4 +219,4 @@ def test_error_lines_of_other_programs_are_not_processes():
         "Error: Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'\n"
     )
     job = read_text(text)
-    assert [p.status_detail[:25] for p in job.processes] == ["Error: Permission Denied:"]
+    assert [(p.status, p.status_detail[:25]) for p in job.processes] == [("unresponsive", "Error: Permission Denied:")]

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from hangdoc.model import ROLE_LAUNCHER, ROLE_RANK, ROLE_WORKER, STATUS_OK, STATUS_UNRESPONSIVE
+from hangdoc.model import ROLE_LAUNCHER, ROLE_RANK, ROLE_WORKER, STATUS_OK, STATUS_STOPPED
 from hangdoc.readers import load_rank_map, read_paths
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "dumps")
@@ -66,7 +66,7 @@ def test_every_rank_is_read_with_host_and_pid(name, kind):
     for key in ranks:
         if key not in got:
             # py-spy --json prints its error without the pid: an unresponsive process, pid unknown
-            assert any(p.host == key[0] and p.pid is None and p.status == STATUS_UNRESPONSIVE for p in job.processes), key
+            assert any(p.host == key[0] and p.pid is None and p.status != STATUS_OK for p in job.processes), key
     for (host, pid), p in got.items():
         assert host is not None and host.startswith("node")
         assert f"{host}:{pid}" in truth(name) or p.pid is None, (host, pid)
@@ -221,21 +221,23 @@ def test_launcher_dump():
     assert p.main_thread.name == "MainThread"
 
 
-def test_py_spy_failure_is_an_unresponsive_process():
+def test_py_spy_failure_keeps_the_process_and_says_it_is_stopped():
     for kind in ("plain", "locals", "native", "with-workers"):
         job = read_paths([scenario("stopped_rank", kind)])
-        bad = [p for p in job.processes if p.status == STATUS_UNRESPONSIVE]
+        bad = [p for p in job.processes if p.status != STATUS_OK]
         assert len(bad) == 1, kind
         (p,) = bad
         assert (p.host, p.pid) == ("node1", 24709) and truth("stopped_rank")["node1:24709"]["rank"] == 1
-        assert p.status_detail == "Error: Failed to get stack traces"
+        # py-spy's waitpid result says the process was in group-stop: stopped, not just unreadable
+        assert p.status == STATUS_STOPPED
+        assert p.status_detail.startswith("Error: Failed to get stack traces; the process is stopped")
         assert "Failed to suspend process" in p.meta["error"] and p.threads == []
         assert p.role == ROLE_RANK and p.command.endswith("stopped_rank.py")
         job = read_paths([scenario("stopped_rank", kind)], rank_map=truth("stopped_rank"))
-        assert next(p for p in job.processes if p.status == STATUS_UNRESPONSIVE).rank == 1
+        assert next(p for p in job.processes if p.status != STATUS_OK).rank == 1
     # with --json py-spy prints the error with no "Process" line: kept, pid unknown
     job = read_paths([scenario("stopped_rank", "json")])
-    bad = [p for p in job.processes if p.status == STATUS_UNRESPONSIVE]
+    bad = [p for p in job.processes if p.status == STATUS_STOPPED]
     assert len(bad) == 1 and bad[0].host == "node1" and bad[0].pid is None
 
 

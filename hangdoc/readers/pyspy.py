@@ -38,7 +38,7 @@ import json
 import re
 from typing import List, Optional, Tuple
 
-from hangdoc.model import STATUS_OK, STATUS_UNRESPONSIVE, Frame, Process, Thread
+from hangdoc.model import STATUS_OK, STATUS_STOPPED, STATUS_UNRESPONSIVE, Frame, Process, Thread
 from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
 FORMAT = "py-spy"
@@ -49,6 +49,7 @@ _PARENT_RE = re.compile(r"^Parent Process (\d+): ?(.*)$")
 _THREAD_RE = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([a-z+]*)\)(?:: "(.*)")?\s*$')
 _PYTHON_VERSION_RE = re.compile(r"^Python v(\d+\.\d+\S*)")
 _ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]+$")
+_GROUP_STOP_RE = re.compile(r"PtraceEvent\(Pid\(\d+\), SIG(?:STOP|TSTP|TTIN|TTOU), 128\)")
 _ERROR_PREFIXES = ("Error: ", "error: ")
 
 
@@ -226,6 +227,11 @@ class PySpyParser(BlockParser):
             p.status = STATUS_UNRESPONSIVE
             p.status_detail = self._error_lines[0]
             p.meta["error"] = "\n".join(self._error_lines[:40])
+            if _GROUP_STOP_RE.search(p.meta["error"]):
+                # PTRACE_EVENT_STOP (128) with SIGSTOP: ptrace met a process in group-stop, i.e.
+                # stopped by SIGSTOP/SIGTSTP (kill -STOP, a debugger, a scheduler's suspend)
+                p.status = STATUS_STOPPED
+                p.status_detail += "; the process is stopped (ptrace saw a SIGSTOP group-stop)"
         elif not self.threads:
             if not self._seen_header:
                 return []
