@@ -125,8 +125,9 @@ def findings(report: Report) -> List[Finding]:
         elif d.basis == "history":
             evidence.append(f"two sides disagree; {describe_ranks(d.agreeing)} issued what this call site "
                             f"always issued before, so {describe_ranks(d.ranks)} is the odd one out")
+        where = d.expected if d.kind == "missing" or d.actual is None else d.actual
         advice = [
-            f"Look at {sequence.site(d.actual or d.expected)} on {describe_ranks(d.ranks)}: the ranks of group "
+            f"Look at {sequence.site(where)} on {describe_ranks(d.ranks)}: the ranks of group "
             f"{d.group} must issue the same collectives in the same order with the same shapes, dtypes and roots.",
         ]
         if d.kind == "missing":
