@@ -300,3 +300,16 @@ def test_same_code_on_three_pythons_compares_equal():
     assert len(fh) == 3
     assert len({tuple((f.function, f.file) for t in p.threads for f in t.frames) for p in fh}) == 1
     assert all(p.main_thread.top.function == "main" for p in fh)
+
+
+def test_rank_map_naming_a_worker_gives_its_parent_rank():
+    t = truth("dataloader_deadlock")
+    flat = {k: (v["rank"] if v["rank"] is not None else v.get("parent_rank")) for k, v in t.items()}
+    job = read_paths([scenario("dataloader_deadlock", "faulthandler"), scenario("dataloader_deadlock", "plain")],
+                     rank_map={k: v for k, v in flat.items() if v is not None})
+    plain_workers = [p for p in job.processes if p.role == ROLE_WORKER and p.format == "py-spy"]
+    assert plain_workers == []  # the srun-style files hold the ranks only
+    job = read_paths([scenario("dataloader_deadlock", "with-workers")],
+                     rank_map={k: v for k, v in flat.items() if v is not None and t[k]["role"] == "dataloader-worker"})
+    assert sorted((p.pid, p.parent_rank, p.rank) for p in job.processes if p.role == ROLE_WORKER) == sorted(
+        (int(k.split(":")[1]), v["parent_rank"], None) for k, v in t.items() if v["role"] == "dataloader-worker")

@@ -698,7 +698,12 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
             r = rmap.get(f"{p.host}:{p.pid}") if p.host is not None else None
             if r is None and p.pid is not None:
                 r = rmap.get(str(p.pid))
-            if r is not None and p.role != ROLE_WORKER:
+            if r is not None and p.role == ROLE_WORKER:
+                # a map that names a worker's pid gives the rank it works for
+                if p.parent_rank is None:
+                    p.parent_rank = r
+                    p.meta["parent_from"] = "rank map"
+            elif r is not None:
                 if p.rank is not None and p.rank != r:
                     p.meta["rank_before_map"] = p.rank
                 p.rank = r
