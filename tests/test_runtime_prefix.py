@@ -146,3 +146,29 @@ def test_torchrun_job_every_line_carries_its_rank(tmp_path):
     assert seen == {(r, str(i)) for r in range(3) for i in range(200)} | {(r, None) for r in range(3)}
     for r in range(3):
         assert f"[default:{r}|{HOST}] stderr of rank {r}" in res.stderr.splitlines()
+
+
+def test_exit_does_not_wait_for_children_that_hold_the_pipe(tmp_path):
+    # A child (DataLoader worker, compile pool) inherits the pipe and may outlive the parent's
+    # exit; the parent must still exit promptly, with its own output forwarded.
+    script = tmp_path / "c.py"
+    script.write_text(textwrap.dedent('''\
+        import subprocess, sys, hangdoc
+        hangdoc.prefix_output()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        print("parent", child.pid)
+        sys.stdout.write("no newline")
+        '''))
+    proc = run([sys.executable, str(script)], timeout=60, stdout=open(tmp_path / "out", "w"), stderr=None)
+    try:
+        assert proc.returncode == 0
+        # a liveness bound, not a speed figure: the child sleeps 30 s, waiting for it is the bug
+        assert proc.elapsed < 10, proc.elapsed
+        lines = (tmp_path / "out").read_text().splitlines()
+        assert lines[0].startswith(f"[{HOST}:0] parent ") and lines[1] == f"[{HOST}:0] no newline"
+    finally:
+        pid = int((tmp_path / "out").read_text().split()[2])
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass

@@ -32,8 +32,10 @@ import atexit
 import os
 import re
 import select
+import struct
 import sys
 import threading
+import time
 from typing import Callable, Dict, List, Optional
 
 from hangdoc.runtime.identity import Identity, identity
@@ -108,6 +110,17 @@ def _write_all(fd: int, data: bytes) -> None:
             continue
 
 
+def _unread(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` (-1 where that cannot be asked)."""
+    try:
+        import fcntl
+        import termios
+
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (ImportError, OSError):
+        return -1
+
+
 class _Stream:
     def __init__(self, fd: int, prefix: bytes, idle_flush: float) -> None:
         self.fd = fd
@@ -119,6 +132,7 @@ class _Stream:
         self.prefixer = Prefixer(prefix)
         self.idle_flush = idle_flush
         self.restored = False
+        self.inflight = False  # the reader holds bytes it has read but not yet written
         os.dup2(write_end, fd)  # dup2 keeps fd inheritable, so child processes are prefixed too
         os.close(write_end)
         self.thread = threading.Thread(target=self._run, name=f"hangdoc-prefix-fd{fd}", daemon=True)
@@ -132,6 +146,7 @@ class _Stream:
                     if self.prefixer.pending:
                         locked_write(self.saved, self.prefixer.finish())
                     continue
+                self.inflight = True
                 data = os.read(self.read_end, 1 << 16)
                 if not data:
                     break
@@ -140,7 +155,9 @@ class _Stream:
                     # Under the print lock: other ranks' prefixers write to the same console, and
                     # a pipe keeps writes whole only up to PIPE_BUF bytes.
                     locked_write(self.saved, out)
+                self.inflight = False
             locked_write(self.saved, self.prefixer.finish())
+            self.inflight = False
         except BaseException:
             self._passthrough()
 
@@ -172,7 +189,13 @@ class _Stream:
         # Pointing fd back at the original closes this process's write end of the pipe; the reader
         # sees EOF once child processes that inherited it are gone too, or gives up after timeout.
         os.dup2(self.saved, self.fd)
-        self.thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            self.thread.join(0.01)
+            # A child process (a DataLoader worker, a compile pool) may keep the pipe open, so EOF
+            # can be far off: once what this process wrote is forwarded, stop waiting.
+            if not self.inflight and not self.prefixer.pending and _unread(self.read_end) == 0:
+                break
         if not self.thread.is_alive():
             os.close(self.read_end)
             os.close(self.saved)
