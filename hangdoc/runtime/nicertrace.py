@@ -86,7 +86,7 @@ class NicerTrace(trace.Trace):
         >>> d = tempfile.mkdtemp()
         >>> def add(a, b):
         ...     return a + b
-        >>> t = NicerTrace(packages_to_include="uninstalled", path=os.path.join(d, "t.txt"))
+        >>> t = NicerTrace(path=os.path.join(d, "t.txt"))   # everything: doctest code is "<doctest>"
         >>> t.runfunc(add, 1, 2)
         3
         >>> print(open(os.path.join(d, "t.txt")).read().splitlines()[0].split()[-1])
