@@ -220,3 +220,11 @@ def test_error_lines_of_other_programs_are_not_processes():
     )
     job = read_text(text)
     assert [(p.status, p.status_detail[:25]) for p in job.processes] == [("unresponsive", "Error: Permission Denied:")]
+
+
+def test_crlf_line_ends(tmp_path):
+    data = fixture_bytes().replace(b"\n", b"\r\n")
+    job = read_paths([write(tmp_path, "trace-node1.out", data)])
+    assert job.errors == [] and len(job.processes) == 4
+    assert job.processes[0].command.endswith("dataloader_deadlock.py")
+    assert all(not f.file.endswith("\r") for p in job.processes for t in p.threads for f in t.frames)

@@ -202,11 +202,14 @@ def _decode(ctx: FileContext, state: dict, first: int, block: bytes) -> List[str
                     state["bad_utf8"] = True
                     ctx.error(first + i, "bytes that are not UTF-8 (replaced; first such line)")
         text = "\n".join(out)
-    if "\r\n" in text:
-        text = text.replace("\r\n", "\n")
     if "\x00" in text:
         text = text.replace("\x00", "")
-    return text.split("\n")
+    if "\r" not in text:
+        return text.split("\n")
+    out = text.replace("\r\n", "\n").split("\n")
+    if out[-1].endswith("\r"):  # the block was cut at the "\n" of a "\r\n"
+        out[-1] = out[-1][:-1]
+    return out
 
 
 def _cut_lines(ctx: FileContext, state: dict, first: int, out: List[str]) -> List[str]:
