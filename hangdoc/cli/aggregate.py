@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import operator
 import os
 import sys
 import threading
@@ -153,6 +154,8 @@ def read_rank_map(path: str) -> Dict[str, int]:
 #: below this many bytes of input a second reading process costs more than it saves (measured:
 #: 3.6 MB / 8,192 ranks read in 0.3 s, where forking and shipping the results back break even).
 PARALLEL_MIN_BYTES = 8 << 20
+#: a helper's share of the bytes relative to this process's (it also encodes its answer).
+HELPER_WEIGHT = 0.85
 
 
 class ParallelRead:
@@ -189,14 +192,21 @@ class ParallelRead:
         if jobs < 2:
             return self
         self.files = files
-        # contiguous shares, by bytes: every process reads about as much, and the merged order is
-        # the sequential order
+        # contiguous shares by bytes, so the merged order is the sequential order; a helper's share
+        # is smaller by what encoding its answer costs (measured: ~18% of reading it), so that
+        # both finish together
         sizes = [_size(f[0]) for f in files]
-        total = sum(sizes) or 1
+        weights = [1.0] + [HELPER_WEIGHT] * (jobs - 1)
+        bounds, acc = [], 0.0
+        for wgt in weights:
+            acc += wgt
+            bounds.append(acc / sum(weights) * (sum(sizes) or 1))
         shares: List[List] = [[] for _ in range(jobs)]
-        done = 0
+        done, k = 0, 0
         for f, n in zip(files, sizes):
-            shares[min(jobs - 1, done * jobs // total)].append(f)
+            while k < jobs - 1 and done >= bounds[k]:
+                k += 1
+            shares[k].append(f)
             done += n
         self.mine = shares[0]
         for share in shares[1:]:
@@ -309,15 +319,12 @@ def _encode(job) -> bytes:
             table.append(tuple((f.function, f.file, f.line, f.native, f.locals) for f in frames))
         return k
 
+    ti = names.index("threads")
+    fields_of = operator.attrgetter(*names)  # one C call per process instead of 15 getattr
     procs = []
     for p in job.processes:
-        row = []
-        for name in names:
-            if name == "threads":
-                row.append(tuple((t.ident, t.name, stack(t.frames), t.state, t.is_main) for t in p.threads))
-            else:
-                row.append(getattr(p, name))
-        procs.append(tuple(row))
+        row = fields_of(p)
+        procs.append(row[:ti] + (tuple((t.ident, t.name, stack(t.frames), t.state, t.is_main) for t in p.threads),) + row[ti + 1:])
     sources = [(s.path, s.processes, s.records, list(s.formats), [(e.source, e.line, e.message) for e in s.errors]) for s in job.sources]
     records = [r.to_json() for r in job.records]
     return marshal.dumps((tuple(names), table, procs, sources, records))
