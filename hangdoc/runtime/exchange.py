@@ -2,19 +2,21 @@
 
 When a rank's watchdog fires, it puts its stacks and records into the store the job already has
 (torchrun's TCPStore: it is served by the launcher, so it answers while NCCL is wedged) under
-``hangdoc/dump/{rank}``. The lowest stalled rank (rank 0 normally; a rank that sees no lower rank
-post within a few seconds takes over) collects the others' entries for a bounded time, writes them
-as files into its output directory, runs the aggregator on them and prints the verdict to stderr
-with the ``[host:rank]`` prefix, so the verdict lands in the job's log even without a shared
-filesystem. When the store cannot be reached, the ranks' files in the (shared) output directory
-are used instead.
+``hangdoc/dump/{rank}``. Rank 0 writes the report; when it has posted nothing within 2 s (it is
+not stalled, or its Python is wedged), one other stalled rank takes over (the first to claim
+``hangdoc/reporter`` with a ``compare_set``; ranks watch only rank 0's key, so the store sees one
+operation per rank and poll whatever the world size). The reporting rank collects the others'
+entries for a bounded time, writes them as files into its output directory, runs the aggregator on
+them and prints the verdict to stderr with the ``[host:rank]`` prefix, so the verdict lands in the
+job's log even without a shared filesystem. When the store cannot be reached, the ranks' files in
+the (shared) output directory are used instead, and the lowest rank with files reports.
 
 A rank that makes progress again deletes its entry, so an entry in the store always describes a
 stall that is still going on; a stall that persists is dumped and shared again (watchdog).
 
-Everything here runs in the watchdog's daemon thread: every store operation has a timeout
-(a clone of the store with its own 2 s timeout: the job's store keeps its own), waits are bounded,
-nothing is a collective. ::
+Everything here runs in the watchdog's daemon thread: every store operation has a hard time limit
+(it runs in a daemon thread that is abandoned after 2.5 s, on a clone of the store with its own 2 s
+timeout: the job's store keeps its own), waits are bounded, nothing is a collective. ::
 
     >>> sorted(entry_files({"files": {"stacks-n-r1-7.txt": "x", "../evil": "y"}}))
     ['stacks-n-r1-7.txt']
@@ -37,8 +39,12 @@ KEY = "hangdoc/dump/{rank}"
 STORE_TIMEOUT = 2.0
 #: how long the aggregating rank waits for the other ranks' entries
 COLLECT_WAIT = 3.0
-#: how long a rank > 0 waits for a lower rank to post before it takes over the report
+#: how long a rank > 0 waits for rank 0 to post before it takes over the report
 TAKEOVER_WAIT = 2.0
+#: seconds between two looks at the store (or the output directory) while waiting
+POLL = 0.2
+#: store key of the rank > 0 that took over the report of a stall: "RANK WALLTIME"
+CLAIM = "hangdoc/reporter"
 #: size caps per entry: stacks are small, records are cut to their most recent lines
 MAX_STACKS = 512 * 1024
 MAX_RECORDS = 2 * 1024 * 1024
@@ -199,7 +205,7 @@ def entry_files(entry: Dict[str, Any]) -> Dict[str, str]:
 
 # -- the protocol ------------------------------------------------------------------------------
 def share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
-    """Post this rank's dump; if this rank is the lowest stalled one, write and print the report.
+    """Post this rank's dump; if this rank reports this stall, write and print the report.
 
     Returns the report path when this rank wrote it. Never raises.
     """
@@ -242,14 +248,9 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
 
     world = max(1, ident.world_size)
     if ident.rank > 0 and world > 1:
-        deadline = started + TAKEOVER_WAIT
-        while True:
-            if _lower_rank_posted(store, dog, ident.rank):
-                return None  # a lower rank writes the report
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.1)
-        _say(f"hangdoc watchdog: no lower rank reported; rank {ident.rank} writes the report")
+        if not _take_over(store, dog, ident.rank, started + TAKEOVER_WAIT):
+            return None  # rank 0, or a rank that took over before us, writes the report
+        _say(f"hangdoc watchdog: rank 0 did not report; rank {ident.rank} writes the report")
 
     _preload_offline()
     entries = {ident.rank: entry}
@@ -264,34 +265,57 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
             _collect_files(dog, entries)
         if len(entries) >= world or time.monotonic() >= deadline:
             break
-        time.sleep(0.1)
-    if len(entries) < world:
-        # ranks whose store operations failed still wrote their files; on a shared filesystem
-        # they are here
-        _collect_files(dog, entries)
+        time.sleep(POLL)
+    # Ranks whose store operations failed still wrote their files (on a shared filesystem they
+    # are here), and a rank's records file may have landed after its stacks file was seen.
+    _collect_files(dog, entries)
     return _report(dog, ident, entries, world)
 
 
-def _lower_rank_posted(store: Any, dog: Any, rank: int) -> bool:
-    if _usable(store):
-        try:
-            return any(_has(store, KEY.format(rank=r)) for r in range(rank))
-        except StoreTimeout:
-            _say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
-        except Exception:
-            return False
-    return any(r < rank for r in _fresh_files(dog))
+def _take_over(store: Any, dog: Any, rank: int, deadline: float) -> bool:
+    """Whether this rank (> 0) must write the report: rank 0 posted nothing before ``deadline``
+    and no other rank claimed this stall first.
+
+    Only rank 0's key is watched (one store operation per poll, whatever the world size); the
+    claim is a ``compare_set``, so exactly one rank takes over.
+    """
+    while True:
+        if _usable(store):
+            try:
+                if _has(store, KEY.format(rank=0)):
+                    return False
+            except StoreTimeout:
+                _say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
+        if not _usable(store):
+            fresh = _fresh_files(dog)
+            if any(r < rank for r in fresh):
+                return False  # the lowest rank with files of this stall reports
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(POLL)
+    if not _usable(store):
+        return True
+    try:
+        current = _op(store, "get", CLAIM).decode() if _has(store, CLAIM) else ""
+        claimed_at = float(current.split()[1]) if current else 0.0
+        if current and claimed_at >= dog.last_progress_wall - 1.0:
+            return False  # claimed for this stall already
+        desired = f"{rank} {time.time():.3f}"
+        return _op(store, "compare_set", CLAIM, current, desired).decode() == desired
+    except StoreTimeout:
+        return True
+    except Exception:
+        return True
 
 
 def _collect_store(store: Any, world: int, entries: Dict[int, Dict[str, Any]]) -> None:
-    for r in range(world):
-        if r in entries:
-            continue
-        key = KEY.format(rank=r)
-        if not _has(store, key):
-            continue
+    # Key by key: list_keys() would be one operation, but it holds the GIL while it waits, so a
+    # store that does not answer would freeze the whole process, training thread included.
+    missing = [r for r in range(world) if r not in entries]
+    posted = [r for r in missing if _has(store, KEY.format(rank=r))]
+    for r in posted:
         try:
-            entry = json.loads(_op(store, "get", key).decode("utf-8", "replace"))
+            entry = json.loads(_op(store, "get", KEY.format(rank=r)).decode("utf-8", "replace"))
         except StoreTimeout:
             raise
         except Exception:
@@ -319,7 +343,7 @@ def _fresh_files(dog: Any) -> Dict[int, List[str]]:
 
 def _collect_files(dog: Any, entries: Dict[int, Dict[str, Any]]) -> None:
     for r, paths in _fresh_files(dog).items():
-        if r not in entries:
+        if r not in entries or "paths" in entries[r]:
             entries[r] = {"rank": r, "paths": paths}
 
 
