@@ -171,3 +171,12 @@ def test_get_logger_records_carry_host_and_rank(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"[('{HOST}', 6, 2)]"
     assert re.fullmatch(rf"\[{HOST}:6\] \S+ \S+ INFO train: step 7", res.stderr.strip()), res.stderr
+
+
+def test_script_exception_traceback_as_python_shows_it(tmp_path):
+    (tmp_path / "boom.py").write_text('def f():\n    raise ValueError("bad")\n\n\nf()\n')
+    res = run(hangdoc_cmd("boom.py"), cwd=str(tmp_path), timeout=60)
+    plain = run([sys.executable, "boom.py"], cwd=str(tmp_path), timeout=60)
+    assert res.returncode == plain.returncode == 1
+    tag = f"[{HOST}:0] "
+    assert res.stderr.splitlines() == [tag + line for line in plain.stderr.splitlines()], res.stderr

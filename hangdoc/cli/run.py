@@ -58,10 +58,21 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.argv = [args.script] + list(args.args)
             sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
-            runpy.run_path(args.script, run_name="__main__")
+            runpy.run_path(os.path.abspath(args.script), run_name="__main__")  # __file__ absolute, as python sets it
+
+    def main_with_clean_traceback() -> None:
+        try:
+            main()
+        except Exception as e:
+            # Show the traceback as `python script.py` would: from the script's first frame on,
+            # without hangdoc's and runpy's frames in front of it. Exit status 1, as Python's.
+            # (the default hook prints e.__traceback__, not its tb argument: set both)
+            e.with_traceback(_strip_wrapper_frames(e.__traceback__))
+            sys.excepthook(type(e), e, e.__traceback__)
+            raise SystemExit(1) from None
 
     wrap(
-        main,
+        main_with_clean_traceback,
         prefix=args.prefix,
         prefix_template=args.prefix_template,
         trace=args.trace,
@@ -73,3 +84,13 @@ def run(args: argparse.Namespace) -> int:
         detect=args.detect,
     )()
     return 0
+
+
+def _strip_wrapper_frames(tb):
+    import hangdoc
+
+    skip = (os.path.dirname(os.path.abspath(hangdoc.__file__)) + os.sep, os.path.abspath(runpy.__file__), "<frozen runpy>")
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(skip):
+        first = first.tb_next
+    return first if first is not None else tb
