@@ -1,7 +1,9 @@
 """``hangdoc aggregate PATHS...``: read every rank's dumps and records, merge, diagnose, report.
 
-Wires readers → analysis → renderer; holds no logic of its own. Exit status 0 when a report was
-produced (parse errors are listed in it), 2 for a usage error or when nothing could be read.
+Wires readers → analysis → renderer. The one piece of its own is :class:`ParallelRead`, which
+splits the reading of large inputs over two processes (the report is the same either way). Exit
+status 0 when a report was produced (parse errors are listed in it), 2 for a usage error or when
+nothing could be read.
 
     hangdoc aggregate trace-*.out hangdoc-out/
     hangdoc aggregate dumps/ --format json -o report.json
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-map", metavar="FILE", help="map processes to ranks: JSON {\"host:pid\": rank} or lines 'KEY RANK' (KEY is host:pid or pid)")
     parser.add_argument("--show-plumbing", action="store_true", help="show library plumbing frames (launcher wrappers, torch internals) instead of folding them")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the text report (auto: only when stdout is a terminal)")
-    parser.add_argument("--max-groups", type=int, default=None, metavar="N", help="groups shown in text/markdown/html (default 20)")
+    parser.add_argument("--max-groups", type=int, default=None, metavar="N", help="groups shown in text, markdown and html (JSON has all)")
     parser.add_argument("--jobs", "-j", type=int, default=None, metavar="N", help="processes reading the files (default: 2 for inputs over 8 MB when 2 CPUs are available, else 1)")
 
 
