@@ -124,7 +124,8 @@ class PySpyParser(BlockParser):
             if m:
                 self._end_thread()
                 self._in_error = False
-                self._thread = (m.group(1), m.group(3), m.group(2) or None)
+                ident, state, name = m.groups()
+                self._thread = (ident, name, state or None)
                 self._thread_line = lineno
                 self.sink = self._raw
                 return True
@@ -133,9 +134,11 @@ class PySpyParser(BlockParser):
             self._end_thread()
             return True
         if line.startswith("Process "):
-            m = _PROCESS_RE.match(line)
-            if not m or self._seen_header or self.threads or self._thread or self._in_error:
+            if self._seen_header or self.threads or self._thread or self._in_error:
                 return False  # the next process
+            m = _PROCESS_RE.match(line)
+            if not m:
+                return False
             self._seen_header = True
             self.process.pid = int(m.group(1))
             self.process.command = self.ctx.interner.string(m.group(2).strip())
