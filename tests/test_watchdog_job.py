@@ -138,3 +138,43 @@ def test_store_unreachable_falls_back_to_files(tmp_path):
         pids = stop_job(job.proc, grace=0.5)  # a stopped launcher does not act on SIGTERM
         job.proc.wait(timeout=10)
     assert not [p for p in pids if alive(p)]
+
+
+TAKEOVER = '''
+import time, torch, torch.distributed as dist
+import hangdoc
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+pair = dist.new_group([1, 2])
+x = torch.zeros(2)
+dist.all_reduce(x)
+print(f"PROGRESS rank={rank}", flush=True)
+if rank == 0:
+    while True:              # rank 0 is healthy: it keeps making progress
+        hangdoc.step()
+        time.sleep(0.1)
+elif rank == 1:
+    dist.all_reduce(x, group=pair)
+else:
+    dist.broadcast(x, src=1, group=pair)
+'''
+
+
+def test_a_stalled_rank_takes_over_when_rank_0_is_not_stalled(tmp_path):
+    script = tmp_path / "takeover.py"
+    script.write_text(TAKEOVER)
+    out = str(tmp_path / "out")
+    job = Job(torchrun_cmd(3, "hangdoc", "--hang-timeout", "2", "--out", out, str(script), module=True))
+    try:
+        assert job.wait_for(r"hangdoc: full report:", 60), job.log
+        time.sleep(0.5)
+        verdicts = [line for line in job.lines if "hangdoc: HANG:" in line]
+        # exactly one of the two stalled ranks reports, and says rank 0 sent nothing
+        assert len(verdicts) == 1 and re.match(r"^\[[\w.-]+:[12]\] ", verdicts[0]), job.log
+        assert "dumps from ranks 1-2 of 3" in verdicts[0], job.log
+        assert re.search(r":[12]\] hangdoc:   no dump from ranks 0$", job.log, re.M), job.log
+        assert "rank 0 did not report" in job.log
+        assert not any(re.match(rf"stacks-.*-r0-", n) for n in os.listdir(out))
+    finally:
+        pids = stop_job(job.proc)
+    assert not [p for p in pids if alive(p)]
