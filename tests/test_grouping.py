@@ -292,3 +292,17 @@ def test_summary_of_a_c_only_stack_names_the_recognised_wait_not_libc():
         Frame("__futex_abstimed_wait_common64", "./nptl/futex-internal.c", 57, native=True),
     )
     assert summarize(gdb) == "c10d::Work::wait (libtorch_cpu.so)"
+
+
+def test_summary_of_a_forked_worker_stops_at_the_child_start():
+    parent = (Frame("<module>", "train.py", 71), Frame("main", "train.py", 61),
+              Frame("_MultiProcessingDataLoaderIter.__init__", "torch/utils/data/dataloader.py", 1176),
+              Frame("Popen._launch", "multiprocessing/popen_fork.py", 71),
+              Frame("BaseProcess._bootstrap", "multiprocessing/process.py", 314),
+              Frame("BaseProcess.run", "multiprocessing/process.py", 108))
+    idle = parent + (Frame("_worker_loop", "torch/utils/data/_utils/worker.py", 334), Frame("Queue.get", "multiprocessing/queues.py", 113),
+                     Frame("_PollLikeSelector.select", "selectors.py", 415))
+    stuck = parent + (Frame("_worker_loop", "torch/utils/data/_utils/worker.py", 374), Frame("__getitem__", "train.py", 35),
+                      Frame("acquire", "logging/__init__.py", 230))
+    assert summarize(idle) == "_PollLikeSelector.select ← _worker_loop (worker.py:334)"
+    assert summarize(stuck) == "acquire ← __getitem__ (train.py:35)"

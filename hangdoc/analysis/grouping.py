@@ -327,10 +327,25 @@ def summarize(stack: Sequence[Frame], status: str = STATUS_OK, members: Sequence
     inner = python[inner_i]
     if not is_library(inner):
         return prefix + _where(inner)
-    for f in reversed(python[:inner_i]):
+    # A forked child (a DataLoader worker) carries its parent's frames below its own start; the
+    # parent's code did not call what the child waits in, so look no further out than that start.
+    start = 0
+    for i in range(inner_i - 1, -1, -1):
+        if python[i].file.endswith(_CHILD_START):
+            start = i + 1
+            break
+    for f in reversed(python[start:inner_i]):
         if not is_library(f) and not _safe(plumbing, f):
             return f"{prefix}{inner.function} ← {_where(f)}"
+    if start:  # no user code in the child: name the child's own entry (``_worker_loop``)
+        entry = next((f for f in python[start:inner_i] if not _safe(plumbing, f)), None)
+        if entry is not None:
+            return f"{prefix}{inner.function} ← {_where(entry)}"
     return prefix + _where(inner)
+
+
+#: files whose frames mark where a forked child process begins.
+_CHILD_START = ("multiprocessing/process.py", "multiprocessing/popen_fork.py", "multiprocessing/spawn.py")
 
 
 def _native_summary(stack: Sequence[Frame]) -> str:
