@@ -180,3 +180,14 @@ def test_script_exception_traceback_as_python_shows_it(tmp_path):
     assert res.returncode == plain.returncode == 1
     tag = f"[{HOST}:0] "
     assert res.stderr.splitlines() == [tag + line for line in plain.stderr.splitlines()], res.stderr
+
+
+def test_a_helper_that_cannot_start_does_not_stop_the_job(tmp_path):
+    from hangdoc.runtime.nicertrace import NicerTrace
+
+    other = NicerTrace(path=str(tmp_path / "other.txt")).start()  # only one tracer per process
+    try:
+        with pytest.warns(RuntimeWarning, match="trace not started"):
+            assert hangdoc.wrap(lambda: "ran", prefix=False, trace="mypkg", out=str(tmp_path / "o"))() == "ran"
+    finally:
+        other.stop()

@@ -32,8 +32,9 @@ Options (all off except ``prefix``; what is off costs nothing and imports nothin
     a message instead of hanging) and the NCCL Flight Recorder dumping into the output directory
     on a timeout. Set before torch.distributed reads them; variables you set yourself win.
 
-The recorder and watchdog modules are imported only when asked for; if one cannot be imported,
-the job runs without it after one warning.
+The recorder, watchdog and tracer modules are imported only when asked for; a helper that cannot
+be imported or started (an ImportError, a tracer already running, an unwritable directory) is left
+out after one warning and the job runs without it.
 """
 
 from __future__ import annotations
@@ -105,10 +106,9 @@ class Helpers:
         dump_signal: Union[str, int, None] = "SIGUSR1",
         detect: bool = False,
     ) -> "Helpers":
+        # A helper that fails to start must not take the job down: warn and run without it.
         if prefix:
-            from hangdoc.runtime.prefix import prefix_output
-
-            self.restore_prefix = prefix_output(prefix_template)
+            self._try("output prefix", self._start_prefix, prefix_template)
         packages = _packages(trace)
         if record is None:
             record = hang_timeout is not None
@@ -116,38 +116,57 @@ class Helpers:
             return self
         from hangdoc.runtime.options import output_dir
 
-        out_dir = output_dir(out)
+        try:
+            out_dir = output_dir(out)
+        except OSError as e:
+            warnings.warn(f"hangdoc: output directory unusable ({e}); running without files", RuntimeWarning, stacklevel=3)
+            return self
         if detect:
-            _enable_detect(out_dir)
+            self._try("detect", _enable_detect, out_dir)
         if hang_timeout is not None:
-            try:
-                from hangdoc.runtime import watchdog
-            except ImportError as e:
-                warnings.warn(f"hangdoc: watchdog unavailable ({e}); running without it", RuntimeWarning, stacklevel=3)
-            else:
-                self.watchdog = watchdog.start(hang_timeout=hang_timeout, out_dir=out_dir, signum=dump_signal, record=record)
+            self._try("watchdog", self._start_watchdog, hang_timeout, out_dir, dump_signal, record)
         elif record:
-            try:
-                from hangdoc.runtime import recorder
-            except ImportError as e:
-                warnings.warn(f"hangdoc: recorder unavailable ({e}); running without it", RuntimeWarning, stacklevel=3)
-            else:
-                self.recorder = recorder.enable(out_dir=out_dir)
+            self._try("recorder", self._start_recorder, out_dir)
         if packages is not False:
-            from hangdoc.runtime.nicertrace import NicerTrace
-
             # Started last, so that hangdoc's own start-up is not in the trace.
-            self.tracer = NicerTrace(packages_to_include=packages, log_pids=log_pids, out_dir=out_dir).start()
+            self._try("trace", self._start_tracer, packages, log_pids, out_dir)
         return self
+
+    @staticmethod
+    def _try(what: str, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:
+            warnings.warn(f"hangdoc: {what} not started ({type(e).__name__}: {e}); running without it", RuntimeWarning, stacklevel=4)
+
+    def _start_prefix(self, template: Optional[str]) -> None:
+        from hangdoc.runtime.prefix import prefix_output
+
+        self.restore_prefix = prefix_output(template)
+
+    def _start_watchdog(self, hang_timeout: float, out_dir: str, dump_signal: Any, record: bool) -> None:
+        from hangdoc.runtime import watchdog
+
+        self.watchdog = watchdog.start(hang_timeout=hang_timeout, out_dir=out_dir, signum=dump_signal, record=record)
+
+    def _start_recorder(self, out_dir: str) -> None:
+        from hangdoc.runtime import recorder
+
+        self.recorder = recorder.enable(out_dir=out_dir)
+
+    def _start_tracer(self, packages: Any, log_pids: bool, out_dir: str) -> None:
+        from hangdoc.runtime.nicertrace import NicerTrace
+
+        self.tracer = NicerTrace(packages_to_include=packages, log_pids=log_pids, out_dir=out_dir).start()
 
     def stop(self, restore_prefix: bool = True) -> None:
         if self.tracer is not None:
-            self.tracer.stop()
+            self._try("trace stop", self.tracer.stop)
             self.tracer = None
         if self.watchdog is not None:
             from hangdoc.runtime import watchdog
 
-            watchdog.stop()
+            self._try("watchdog stop", watchdog.stop)
             self.watchdog = None
         # The recorder stays on: it dumps its records at exit, which is what a post-mortem needs.
         if restore_prefix and self.restore_prefix is not None:
