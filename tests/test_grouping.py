@@ -212,7 +212,7 @@ def jobs(draw):
 
 
 def _fingerprint(report):
-    return render(report, "json", RenderOptions()) + render(report, "text", RenderOptions())
+    return "".join(render(report, fmt, RenderOptions()) for fmt in ("json", "text", "markdown"))
 
 
 @settings(max_examples=60, deadline=None)
