@@ -228,3 +228,33 @@ def test_crlf_line_ends(tmp_path):
     assert job.errors == [] and len(job.processes) == 4
     assert job.processes[0].command.endswith("dataloader_deadlock.py")
     assert all(not f.file.endswith("\r") for p in job.processes for t in p.threads for f in t.frames)
+
+
+def _stderr_of(code: str) -> str:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    return p.stdout.decode()
+
+
+def test_faulthandler_variants_from_real_interpreters():
+    # more than 100 frames: faulthandler prints "  ..." and the main thread is marked truncated
+    deep = read_text(_stderr_of(
+        "import faulthandler\n"
+        "def deep(n):\n"
+        "    if n == 0:\n"
+        "        faulthandler.dump_traceback(all_threads=False)\n"
+        "        return\n"
+        "    deep(n - 1)\n"
+        "deep(120)\n"))
+    (p,) = deep.processes
+    assert p.status == STATUS_TRUNCATED and len(p.main_thread.frames) == 100
+    assert p.main_thread.top.function == "deep" and p.main_thread.top.line == 4
+    # dump_traceback_later: a "Timeout (0:00:00.200000)!" line before the threads
+    later = read_text(_stderr_of("import faulthandler, time\nfaulthandler.dump_traceback_later(0.2, exit=True)\ntime.sleep(5)\n"))
+    assert [p.main_thread.top.function for p in later.processes] == ["<module>"] and later.errors == []
+    # a fatal error
+    fatal = read_text(_stderr_of("import faulthandler, ctypes\nfaulthandler.enable()\nctypes.string_at(0)\n"))
+    (p,) = fatal.processes
+    assert p.meta["fatal_error"] == "Segmentation fault" and p.main_thread.top.function == "string_at"
