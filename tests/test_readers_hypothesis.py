@@ -97,6 +97,24 @@ def render_gdb(procs) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_pystack(procs) -> str:
+    """pystack remote: threads newest first, the main thread (from ``<module>``) last."""
+    lines = []
+    for p in procs:
+        for t in reversed(p["threads"]):
+            lines.append(f"Traceback for thread {t['ident']} (python) [] (most recent call last):")
+            for func, file, line in pystack_frames(t, t is p["threads"][0]):
+                lines += [f'    (Python) File "{file}", line {line}, in {func}', "        do_something()"]
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def pystack_frames(t, main):
+    # only a main thread starts in <module>: that is how pystack output is cut into processes
+    frames = [f for f in t["frames"] if f[0] != "<module>"] or [("run", "threading.py", 982)]
+    return [("<module>", "train.py", 1)] + frames if main else frames
+
+
 def frames_of(thread):
     return [(f.function, f.file, f.line) for f in thread.frames]
 
@@ -165,7 +183,20 @@ def test_gdb_round_trip(procs):
         assert got.main_thread.ident == str(want["threads"][0]["ident"])
 
 
-RENDERERS = [render_pyspy, render_faulthandler, render_traceback, render_gdb]
+@FAST
+@given(processes())
+def test_pystack_round_trip(procs):
+    job = read_text(render_pystack(procs))
+    assert job.errors == []
+    assert [p.pid for p in job.processes] == [p["pid"] for p in procs]
+    for got, want in zip(job.processes, procs):
+        assert [t.ident for t in got.threads] == [str(t["ident"]) for t in reversed(want["threads"])]
+        assert [frames_of(t) for t in reversed(got.threads)] == [
+            pystack_frames(t, i == 0) for i, t in enumerate(want["threads"])]
+        assert got.main_thread.ident == str(want["pid"])
+
+
+RENDERERS = [render_pyspy, render_faulthandler, render_traceback, render_gdb, render_pystack]
 
 
 @st.composite
