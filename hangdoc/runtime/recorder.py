@@ -138,6 +138,8 @@ _ISSUE_BODY = """
     info = _groups.get(group)
     if info is None:
         info = _group_info(group)
+        if info is None:
+            return None, None
     seqs = rec_obj._seq
     key = info[0]
     seq = seqs.get(key, 0)
@@ -280,25 +282,48 @@ class Recorder:
             if not ev.query():
                 break
             done_upto = i
-        for _ in range(done_upto + 1):
-            ev, rec = entries.popleft()
-            if ev is not None and len(self._event_pool) < 1024:
-                self._event_pool.append(ev)
-            self._complete(rec)
+        if done_upto < 0:
+            return
+        done = [entries.popleft() for _ in range(done_upto + 1)]
+        pool = self._event_pool
+        for ev, _rec in done:
+            if ev is not None and len(pool) < 1024:
+                pool.append(ev)
+        self._complete_many([rec for _ev, rec in done])
 
-    def _track_cuda(self, rec: tuple) -> None:
-        entries = self._events.get(rec[_STREAM])
+    def _complete_many(self, recs: List[tuple]) -> None:
+        """Complete a batch in one backward pass over the buffer (they are recent, in order)."""
+        todo = {id(r): r for r in recs if r[_STATE] == "issued"}
+        if not todo:
+            return
+        t1 = time.time()
+        buf = self._buf
+        n = len(buf)
+        found = 0
+        for i in range(n - 1, max(-1, n - 50_000), -1):
+            r = buf[i]
+            if todo.get(id(r)) is r:
+                buf[i] = r[:_T1] + (t1, "completed")
+                found += 1
+                if found == len(todo):
+                    break
+        self._progress += len(todo)
+        self._last_t1 = t1
+
+    def _track_cuda(self, rec: tuple, first: Any) -> None:
+        key = rec[_STREAM]
+        entries = self._events.get(key)
         if entries is None:
-            entries = self._events[rec[_STREAM]] = collections.deque()
+            entries = self._events[key] = collections.deque()
         n = len(entries)
         ev = None
         if n < 64 or rec[_SEQ] % 16 == 0:
-            import torch
-
-            ev = self._event_pool.pop() if self._event_pool else torch.cuda.Event()
-            ev.record()
+            ev = self._event_pool.pop() if self._event_pool else _new_event()
+            # Event.record() looks the current stream up through Python (microseconds); the
+            # stream object of this name was cached when the name was first seen.
+            _record_event(ev, _STREAM_OBJS[(first.get_device(), key)])
         entries.append((ev, rec))
-        if n >= 64 and rec[_SEQ] % 64 == 0:
+        if n >= 32 and rec[_SEQ] % 32 == 0:
             self._sweep_stream(entries)
 
     # -- output --------------------------------------------------------------------------------
@@ -461,17 +486,26 @@ def _call_site(frame: Any) -> Any:
     return None
 
 
-def _group_info(group: Any) -> Tuple[str, Tuple[int, ...]]:
+def _group_info(group: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
     info = _groups.get(group)
     if info is None:
-        info = _groups[group] = _describe_group(group)
+        info = _describe_group(group)
+        if info is not None:  # "not initialised yet" must be asked again next time
+            _groups[group] = info
     return info
 
 
-def _describe_group(group: Any) -> Tuple[str, Tuple[int, ...]]:
+def _describe_group(group: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
+    """(name, global ranks) of a group; None for calls torch itself turns into no-ops or errors
+    (no default group yet, a rank outside the group), which are not worth a record."""
     c10d = _c10d
-    pg = group if group is not None else c10d._get_default_group()
-    default = c10d._get_default_group() if c10d.is_initialized() else None
+    if not c10d.is_initialized():
+        return None
+    non_member = getattr(getattr(c10d, "GroupMember", None), "NON_GROUP_MEMBER", object())
+    if group is non_member:
+        return None
+    default = c10d._get_default_group()
+    pg = group if group is not None else default
     ranks = tuple(c10d.get_process_group_ranks(pg))
     if pg is default:
         _refresh_identity()
@@ -507,6 +541,10 @@ def _tensor_meta(value: Any, objects: bool) -> Tuple[tuple, tuple, Any]:
 
 
 _STREAM_NAMES: Dict[int, str] = {}
+#: (device, stream name) -> torch.cuda.Stream, for recording events without a Python lookup.
+_STREAM_OBJS: Dict[Tuple[int, str], Any] = {}
+_new_event: Callable[[], Any] = lambda: None
+_record_event: Callable[[Any, Any], None] = lambda ev, stream: None
 
 
 def _stream_of(tensor: Any) -> Optional[str]:
@@ -519,11 +557,16 @@ def _stream_of(tensor: Any) -> Optional[str]:
         return None
     import torch
 
-    get = getattr(torch._C, "_cuda_getCurrentStream", None)
-    sid = get(tensor.get_device())[0] if get is not None else torch.cuda.current_stream(tensor.device).stream_id
+    global _new_event, _record_event
+    device = tensor.get_device()
+    sid = torch._C._cuda_getCurrentStream(device)[0]
     name = _STREAM_NAMES.get(sid)
     if name is None:
         name = _STREAM_NAMES[sid] = "default" if sid == 0 else f"stream{sid}"
+    if (device, name) not in _STREAM_OBJS:
+        _STREAM_OBJS[(device, name)] = torch.cuda.current_stream(device)
+        _new_event = torch.cuda.Event
+        _record_event = torch._C._CudaEventBase.record
     return name
 
 
@@ -553,7 +596,7 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
         else:
             r._complete(rec)  # async_op=True on a rank outside the group returns None
     elif rec[_STREAM] is not None:
-        r._track_cuda(rec)
+        r._track_cuda(rec, first)
     else:
         r._complete(rec)
 
@@ -576,6 +619,8 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
             rec, first = issue(args, kwargs, frame, hit)
         except Exception as e:
             _report(e)
+            return fn(*args, **kwargs)
+        if rec is None:
             return fn(*args, **kwargs)
         try:
             result = fn(*args, **kwargs)
@@ -629,6 +674,8 @@ def _wrap_batch(fn: Callable) -> Callable:
                 spec = _SPECS_BY_NAME.get(opname) or _Spec(opname, ["tensor", "dst", "group"])
                 # P2POp.peer is already a global rank: pass it as such, the spec makes it the peer.
                 rec, _ = _issue(spec, (p.tensor, p.peer), {"group": p.group}, frame)
+                if rec is None:
+                    continue
                 if not rec[_ASYNC]:
                     fixed = rec[:_ASYNC] + (True,) + rec[_ASYNC + 1:]
                     _recorder._replace(rec, fixed)
