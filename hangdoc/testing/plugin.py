@@ -393,12 +393,12 @@ def _child_command(item: pytest.Item, run_dir: str, rank: int) -> List[str]:
     return cmd
 
 
-def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_addr: str) -> Dict[str, str]:
+def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_addr: str) -> Dict[str, Optional[str]]:
     import hangdoc
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(hangdoc.__file__)))
     pythonpath = os.environ.get("PYTHONPATH", "")
-    env = {
+    env: Dict[str, Optional[str]] = {
         _child.ENV_RANK: str(rank),
         _child.ENV_WORLD_SIZE: str(spec.world_size),
         _child.ENV_BACKEND: spec.backend,
@@ -416,6 +416,10 @@ def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_add
     }
     if store_addr:
         env["MASTER_ADDR"], _, env["MASTER_PORT"] = store_addr.rpartition(":")
+    # A rank is not an xdist worker, nor the test run that started it.
+    for k in os.environ:
+        if k.startswith("PYTEST_XDIST_") or k == "PYTEST_CURRENT_TEST":
+            env[k] = None
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"  # as torchrun does: n ranks must not each spin up a thread per core
     return env
@@ -519,9 +523,9 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
         sections.append(divergence_text)
     if hang is not None:
         sections.append(_hang_text(run_dir, hang, ranks))
-    for r in sorted(failed):
+    for r in sorted(failed, key=lambda r: (results[r] is not None, r)):  # crashes first
         sections.append(f"---- rank {r} ----\n{failed[r].rstrip()}")
-    _print_outputs(ranks, n)
+    _print_outputs(ranks, [r for r in range(n) if not (r in failed and results[r] is None)])
     return title + "\n\n" + "\n\n".join(s.rstrip() for s in sections if s)
 
 
@@ -549,28 +553,45 @@ _RUNNER_FRAME = re.compile(r"(_pytest|pluggy|pytest)[/\\]|<frozen runpy>|hangdoc
 
 def trim_output(text: str) -> str:
     """A rank's output with pytest's and pluggy's frames cut out of faulthandler tracebacks and
-    py-spy dumps, and the guard thread's stack left out: what is left is the user's code."""
+    py-spy dumps, and idle helper threads (the guard thread) left out: what is left is the user's code."""
     out: List[str] = []
-    skipping_thread = False
+    block: List[str] = []  # the current thread's lines, kept only if a frame is not threading plumbing
+
+    def flush() -> None:
+        frames = [ln for ln in block[1:] if ln.strip()]
+        if frames and all("threading.py" in ln or "hangdoc-testing-guard" in ln for ln in frames):
+            pass
+        elif block and "hangdoc-testing-guard" not in block[0]:
+            out.extend(block)
+        block.clear()
+
+    in_thread = False
     for line in text.rstrip().splitlines():
         stripped = line.strip()
-        if stripped.startswith(("Thread ", "Current thread ", "Stack (most recent")):
-            skipping_thread = "hangdoc-testing-guard" in line or "procs.py" in line
-        if stripped.startswith("Extension modules:") or stripped.startswith("Process ") and ": " in stripped and "python" in stripped:
+        if stripped.startswith(("Thread ", "Current thread ")):
+            flush()
+            in_thread = True
+            block.append(line)
             continue
-        if skipping_thread and not stripped.startswith(("Thread ", "Current thread ")):
+        if stripped.startswith("Extension modules:") or (stripped.startswith("Process ") and "python" in stripped):
             continue
-        if skipping_thread:
+        if (stripped.startswith("File ") or stripped.endswith(")")) and _RUNNER_FRAME.search(stripped):
             continue
-        if (stripped.startswith("File ") or "(" in stripped and stripped.endswith(")")) and _RUNNER_FRAME.search(stripped):
+        if in_thread and (stripped.startswith("File ") or (stripped.endswith(")") and "(" in stripped and line.startswith(" "))):
+            block.append(line)
             continue
+        if in_thread:
+            flush()
+            in_thread = False
         out.append(line)
+    flush()
     return "\n".join(out).rstrip()
 
 
-def _print_outputs(ranks, n: int) -> None:
-    """Each rank's output, into the parent's captured stdout (shown with the failure, or live with -s)."""
-    for r in range(n):
+def _print_outputs(ranks, which: Sequence[int]) -> None:
+    """Each rank's output, into the parent's captured stdout (shown with the failure, or live with -s);
+    a crashed rank's output is in the failure text already."""
+    for r in which:
         out = _tail(trim_output(ranks.output(r, limit=256_000)), 40)
         if out:
             sys.stdout.write(f"---- rank {r} output ----\n{out}\n")

@@ -39,7 +39,7 @@ class RankProcesses:
     def __init__(
         self,
         commands: Sequence[Sequence[str]],
-        env: Sequence[Dict[str, str]],
+        env: Sequence[Dict[str, Optional[str]]],
         log_dir: Optional[str],
         cwd: Optional[str] = None,
     ) -> None:
@@ -55,10 +55,14 @@ class RankProcesses:
             self.kill_all()
             raise
 
-    def _start(self, index: int, cmd: List[str], extra: Dict[str, str], cwd: Optional[str]) -> None:
+    def _start(self, index: int, cmd: List[str], extra: Dict[str, Optional[str]], cwd: Optional[str]) -> None:
         read_end, write_end = os.pipe()
         child_env = dict(os.environ)
-        child_env.update(extra)
+        for k, v in extra.items():
+            if v is None:
+                child_env.pop(k, None)  # None: not inherited
+            else:
+                child_env[k] = v
         child_env[CONTROL_FD_ENV] = str(read_end)
         log_path = os.path.join(self._log_dir, f"output-r{index}.log")
         with open(log_path, "wb") as log:
