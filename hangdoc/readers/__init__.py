@@ -46,6 +46,7 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from hangdoc.model import (
+    Frame,
     ROLE_LAUNCHER,
     ROLE_RANK,
     ROLE_WORKER,
@@ -418,13 +419,22 @@ def _finish_identity(p: Process, interner: Interner) -> None:
 
     if p.host is not None:
         p.host = interner.string(p.host)
+    main = p.main_thread
+    # What a stack says (its rank local, its role) is the same for every process that shares it:
+    # asked once per distinct (stack, command), not once per process.
+    facts = None
+    if main is not None and main.frames:
+        key = (id(main.frames), p.command)
+        facts = interner.facts.get(key)
+        if facts is None:
+            facts = interner.facts[key] = (_rank_from_locals(main.frames), role_of(p), main.frames)
     if p.rank is None:
-        r = _rank_from_locals(p)
+        r = facts[0] if facts is not None else None
         if r is not None:
             p.rank = r
             p.meta["rank_from"] = "locals"
     if not p.meta.get("tagged") or p.role in ("", "unknown"):
-        p.role = role_of(p)
+        p.role = facts[1] if facts is not None else role_of(p)
     if p.role == ROLE_WORKER and p.rank is not None and p.meta.get("rank_from") in ("prefix", "file name", "locals"):
         # a worker writes under its rank's prefix / into its rank's file: that rank owns it
         p.parent_rank = p.rank
@@ -434,12 +444,9 @@ def _finish_identity(p: Process, interner: Interner) -> None:
 _RANK_LOCALS = ("rank", "global_rank")
 
 
-def _rank_from_locals(p: Process) -> Optional[int]:
+def _rank_from_locals(frames: Tuple[Frame, ...]) -> Optional[int]:
     """``rank: 3`` among the arguments/locals of user frames (py-spy --locals), outermost first."""
-    main = p.main_thread
-    if main is None:
-        return None
-    for f in main.frames:
+    for f in frames:
         if not f.locals or f.file.startswith("torch/"):
             continue
         for name in _RANK_LOCALS:

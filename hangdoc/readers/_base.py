@@ -37,6 +37,9 @@ class Interner:
         self.frames: Dict[object, Optional[Frame]] = {}
         self.stacks: Dict[Tuple[object, ...], Tuple[Frame, ...]] = {}
         self.strings: Dict[str, str] = {}
+        #: (id of a stack, command) → what it says (rank local, role, the stack itself, kept alive
+        #: so that its id is not reused)
+        self.facts: Dict[Tuple[int, str], Tuple[object, ...]] = {}
 
     def stack(self, key: Tuple[object, ...], build: Callable[[], Tuple[Frame, ...]]) -> Tuple[Frame, ...]:
         s = self.stacks.get(key)
