@@ -1,6 +1,9 @@
-"""``hangdoc demo``, the README's first command: a real 4-rank hang on gloo, diagnosed, then gone."""
+"""``hangdoc demo``, the README's first command: a real 4-rank hang on gloo (the last rank skips a
+broadcast) under the watchdog; every rank dumps, rank 0 prints the verdict naming rank 3, then every
+process of the job is gone."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -43,10 +46,18 @@ def test_demo_prints_the_verdict_and_leaves_nothing_running(tmp_path):
     # the verdict comes from rank 0 through the job's log, and names the rank that skipped
     assert re.search(r"^\[[\w.-]+:0\] hangdoc: VERDICT: \[collective-mismatch\] rank 3 ", log, re.M), log
     assert re.search(r"^\[[\w.-]+:0\] hangdoc:   culprit: rank 3 ", log, re.M), log
-    assert "hangdoc demo: verdict" in log and os.path.exists(os.path.join(out, "report.json"))
-    # every rank dumped, and no process of the job (ranks by pid, torchrun by its --out) survives
-    pids = [int(m.group(1)) for n in os.listdir(out) for m in [re.match(r"stacks-.*-r\d-(\d+)\.txt$", n)] if m]
+    assert len(re.findall(r"hangdoc: VERDICT:", log)) == 1, log
+    assert "hangdoc demo: verdict" in log
+    report = json.load(open(os.path.join(out, "report.json")))
+    assert report["processes"] == 4
+    assert [c["rank"] for c in report["findings"][0]["culprits"]] == [3]
+    # every rank dumped its stacks and records
+    names = os.listdir(out)
+    for rank in range(4):
+        assert any(re.match(rf"collectives-.*-r{rank}-\d+\.jsonl$", n) for n in names), names
+    pids = [int(m.group(1)) for n in names for m in [re.match(r"stacks-.*-r\d-(\d+)\.txt$", n)] if m]
     assert len(pids) == 4
+    # and no process of the job (ranks by pid, torchrun by its --out) survives
     assert not [pid for pid in pids if alive(pid)]
     assert _processes_mentioning(out) == []
     # torchrun's shutdown noise after the verdict is not shown

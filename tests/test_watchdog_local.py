@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(
         time.sleep(0.05)
 
     def stuck_in_the_middle():
+        print("blocking", flush=True)
         # a C call that releases the GIL, like a collective's wait
         deadline = time.time() + {block!r}
         while time.time() < deadline:
@@ -36,7 +37,6 @@ SCRIPT = textwrap.dedent(
                 print("user handler ran", flush=True)
                 handled.clear()
 
-    print("blocking", flush=True)
     stuck_in_the_middle()
     hangdoc.step()  # the stall ends
     time.sleep(0.5)
@@ -108,7 +108,7 @@ def test_stall_dump_names_the_blocked_function_once_then_again(tmp_path):
 
 @pytest.mark.parametrize("chain", [False, True])
 def test_signal_dump_keeps_the_process_alive_and_chains(tmp_path, chain):
-    p, out = _start(tmp_path, timeout=30, block=2.0, chain=chain)
+    p, out = _start(tmp_path, timeout=30, block=1.5, chain=chain)
     try:
         assert p.stdout.readline().startswith("signal env")
         assert p.stdout.readline().strip() == "blocking"
