@@ -275,16 +275,18 @@ class Recorder:
             _report(e)
 
     def _sweep_stream(self, entries: collections.deque) -> None:
-        done_upto = -1
-        for i, (ev, _rec) in enumerate(entries):
-            if ev is None:
-                continue
-            if not ev.query():
-                break
-            done_upto = i
-        if done_upto < 0:
+        # In-order completion: binary-search the newest completed event (O(log n) queries).
+        marks = [i for i, (ev, _rec) in enumerate(entries) if ev is not None]
+        lo, hi = 0, len(marks)  # marks[:lo] known complete, marks[hi:] known incomplete
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if entries[marks[mid]][0].query():
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
             return
-        done = [entries.popleft() for _ in range(done_upto + 1)]
+        done = [entries.popleft() for _ in range(marks[lo - 1] + 1)]
         pool = self._event_pool
         for ev, _rec in done:
             if ev is not None and len(pool) < 1024:
