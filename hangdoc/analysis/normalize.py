@@ -173,43 +173,16 @@ _LAUNCHER_FILES = (
 )
 
 
-# Readers intern stacks (one tuple per distinct stack), so a stack's answers are cached by the
-# tuple's identity; the tuple is kept alive with the answer so that its id is never reused.
-_STACK_CACHE: "dict[tuple[int, str], tuple[object, bool]]" = {}
-
-
-def _cached(kind: str, frames, compute) -> bool:
-    if not isinstance(frames, tuple):
-        return compute(frames)
-    key = (id(frames), kind)
-    hit = _STACK_CACHE.get(key)
-    if hit is not None and hit[0] is frames:
-        return hit[1]
-    value = compute(frames)
-    if len(_STACK_CACHE) > 100_000:
-        _STACK_CACHE.clear()
-    _STACK_CACHE[key] = (frames, value)
-    return value
-
-
 def is_worker_stack(frames: Iterable["Frame"]) -> bool:
     """A DataLoader worker: ``_worker_loop`` of ``torch/utils/data/_utils/worker.py`` in the stack."""
-    return _cached("worker", frames, _is_worker_stack)
-
-
-def is_launcher_stack(frames: Iterable["Frame"]) -> bool:
-    """torchrun / ``torch.distributed.launch`` / the elastic agent."""
-    return _cached("launcher", frames, _is_launcher_stack)
-
-
-def _is_worker_stack(frames: Iterable["Frame"]) -> bool:
     for f in frames:
         if f.function in _WORKER_FUNCTIONS and (not f.file or f.file.endswith("worker.py")):
             return True
     return False
 
 
-def _is_launcher_stack(frames: Iterable["Frame"]) -> bool:
+def is_launcher_stack(frames: Iterable["Frame"]) -> bool:
+    """torchrun / ``torch.distributed.launch`` / the elastic agent."""
     for f in frames:
         for suffix in _LAUNCHER_FILES:
             if _suffix_match(f.file, suffix):
