@@ -357,6 +357,23 @@ class Watchdog:
         return self.last_paths
 
 
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) has no watchdog thread; without this it would still
+    # answer the dump signal by writing into its parent's signal file.
+    global _current
+    dog, _current = _current, None
+    if dog is not None and dog._sig_file is not None:
+        try:
+            faulthandler.unregister(dog.signum)
+        except Exception:
+            pass
+        dog._sig_file = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _tag_line(ident: Any, reason: str, dog: Optional[Watchdog]) -> str:
     from hangdoc.tags import format_tag
 
