@@ -51,6 +51,28 @@ class Interner:
         return self.strings.setdefault(s, s)
 
 
+def frames_from_lines(ctx: "FileContext", raw: List[str], parse: Callable[[str], Optional[Frame]], reverse: bool,
+                      what: str = "", at: int = 0) -> Tuple[Frame, ...]:
+    """The frames of a thread's raw frame lines, each line parsed once per ``read_paths`` call.
+
+    ``reverse`` for formats that print the innermost frame first; a line ``parse`` cannot read is
+    reported (when ``what`` names the format) against line ``at``, the thread's header.
+    """
+    cache = ctx.interner.frames
+    out: List[Frame] = []
+    for text in raw:
+        f = cache.get(text)
+        if f is None and text not in cache:
+            f = cache[text] = parse(text)
+            if f is None and what:
+                ctx.error(at, f"unreadable {what} frame line in this thread: {text.strip()[:80]!r}")
+        if f is not None:
+            out.append(f)
+    if reverse:
+        out.reverse()
+    return tuple(out)
+
+
 def make_frame(function: str, file: str, line: Optional[int], native: bool = False,
                locals: Tuple[Tuple[str, str], ...] = ()) -> Frame:
     return Frame(function=function, file=normalize_file(file) if file else "", line=line, native=native, locals=locals)

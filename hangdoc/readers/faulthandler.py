@@ -34,7 +34,7 @@ import re
 from typing import List, Optional, Tuple
 
 from hangdoc.model import STATUS_TRUNCATED, Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
 
 FORMAT = "faulthandler"
 
@@ -131,18 +131,7 @@ class FaulthandlerParser(BlockParser):
         self.threads.append(t)
 
     def _build(self, raw: List[str]) -> Tuple[Frame, ...]:
-        cache = self.ctx.interner.frames
-        out: List[Frame] = []
-        for text in raw:
-            f = cache.get(text)
-            if f is None and text not in cache:
-                f = cache[text] = parse_frame_line(text)
-            if f is not None:
-                out.append(f)
-            else:
-                self.ctx.error(self._thread_line, f"unreadable faulthandler frame line in this thread: {text.strip()[:80]!r}")
-        out.reverse()
-        return tuple(out)
+        return frames_from_lines(self.ctx, raw, parse_frame_line, True, "faulthandler", self._thread_line)
 
     def _end_process(self, lineno: int) -> None:
         if self.threads:

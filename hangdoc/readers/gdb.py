@@ -34,7 +34,7 @@ import re
 from typing import List, Optional, Tuple
 
 from hangdoc.model import Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
 
 FORMAT = "gdb"
 
@@ -114,6 +114,7 @@ class GdbParser(BlockParser):
                 self.process_start = lineno
             self.last_number = number
             self._thread = (m.group(1), m.group(3), m.group(4))
+            self._thread_line = lineno
             self.sink = self._raw
             return True
         if line.startswith("[Inferior "):
@@ -133,22 +134,8 @@ class GdbParser(BlockParser):
             return
         number, lwp, name = self._thread
         raw, self._raw, self._thread, self.sink = self._raw, [], None, None
-        cache = self.ctx.interner.frames
-
-        def build():
-            out = []
-            for text in raw:
-                # the address and the argument values differ from process to process; the cache
-                # key is the line without them where it can be had cheaply
-                f = cache.get(text)
-                if f is None and text not in cache:
-                    f = cache[text] = parse_frame_line(text)
-                if f is not None:
-                    out.append(f)
-            out.reverse()
-            return tuple(out)
-
-        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw), build)
+        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw),
+                                         lambda: frames_from_lines(self.ctx, raw, parse_frame_line, True, "gdb", self._thread_line))
         # gdb lines carry addresses and argument values that differ from process to process:
         # intern by the frames themselves too, so equal stacks still share one tuple
         frames = self.ctx.interner.stacks.setdefault(("gdb-frames",) + frames, frames)

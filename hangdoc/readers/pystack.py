@@ -34,7 +34,7 @@ import re
 from typing import List, Optional, Tuple
 
 from hangdoc.model import Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
 
 FORMAT = "pystack"
 
@@ -91,10 +91,11 @@ class PystackParser(BlockParser):
             m = _HEADER_RE.match(line)
             if not m:
                 return False
-            self._end_thread(lineno)
+            self._end_thread()
             if not self.threads:
                 self.process_start = lineno
             self._thread = m.groups()
+            self._thread_line = lineno
             self.sink = self._raw
             return True
         if not line.strip():
@@ -106,24 +107,13 @@ class PystackParser(BlockParser):
             return True
         return False
 
-    def _end_thread(self, lineno: int) -> None:
+    def _end_thread(self) -> None:
         if self._thread is None:
             return
         tid, name, state = self._thread
         raw, self._raw, self._thread, self.sink = self._raw, [], None, None
-        cache = self.ctx.interner.frames
-
-        def build():
-            out = []
-            for text in raw:
-                f = cache.get(text)
-                if f is None and text not in cache:
-                    f = cache[text] = parse_frame_line(text)
-                if f is not None:
-                    out.append(f)
-            return tuple(out)
-
-        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw), build)
+        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw),
+                                         lambda: frames_from_lines(self.ctx, raw, parse_frame_line, False, "pystack", self._thread_line))
         main = bool(frames) and (frames[0].function == "<module>" or (frames[0].native and frames[0].function in _ENTRY_NATIVE))
         t = Thread(ident=tid, name=name or None, frames=frames, state=state or None, is_main=main)
         self.threads.append(t)
@@ -141,6 +131,6 @@ class PystackParser(BlockParser):
         self.threads = []
 
     def close(self) -> List[Process]:
-        self._end_thread(0)
+        self._end_thread()
         self._end_process(None)
         return self.processes

@@ -31,7 +31,7 @@ import re
 from typing import List, Optional
 
 from hangdoc.model import Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
 
 FORMAT = "traceback"
 
@@ -93,19 +93,9 @@ class TracebackParser(BlockParser):
         if not self.raw and not self.exceptions:
             return []
         raw = self.raw
-        cache = self.ctx.interner.frames
-
-        def build():
-            out = []
-            for text in raw:
-                f = cache.get(text)
-                if f is None and text not in cache:
-                    f = cache[text] = parse_frame_line(text)
-                if f is not None:
-                    out.append(f)
-            return tuple(out)  # tracebacks print outermost first already
-
-        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw), build)
+        # tracebacks print outermost first already
+        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw),
+                                         lambda: frames_from_lines(self.ctx, raw, parse_frame_line, False, "traceback", self.start))
         p = Process(format=FORMAT, source_line=self.start)
         p.threads = [Thread(ident="", name="MainThread", frames=frames, is_main=True)]
         if self.exceptions:
