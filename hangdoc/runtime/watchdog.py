@@ -101,20 +101,6 @@ def _signal_name(signum: int) -> str:
         return str(signum)
 
 
-def _output_dir(out: Optional[str]) -> str:
-    try:
-        from hangdoc.runtime.options import output_dir
-
-        return output_dir(out)
-    except ImportError:
-        return os.path.abspath(out or os.environ.get("HANGDOC_OUT") or "hangdoc-out")
-
-
-def stacks_file_name(host: str, rank: int, pid: int) -> str:
-    """``stacks-{host}-r{rank}-{pid}.txt``, the name every stacks dump has (docs/architecture.md)."""
-    return f"stacks-{host}-r{rank}-{pid}.txt"
-
-
 def thread_id_hex(ident: int) -> str:
     """A thread id the way faulthandler prints it (``0x00007f...``), for the ``main_thread`` tag."""
     return "0x%0*x" % (2 * 8 if sys.maxsize > 2**32 else 2 * 4, ident)
@@ -136,7 +122,9 @@ class Watchdog:
         if not hang_timeout or hang_timeout <= 0:
             raise ValueError(f"hang_timeout must be > 0, got {hang_timeout!r}")
         self.hang_timeout = float(hang_timeout)
-        self.out_dir = _output_dir(out_dir)
+        from hangdoc.runtime.options import output_dir
+
+        self.out_dir = output_dir(out_dir, create=False)
         self.signum = _signal_number(signum)
         self.report = report
         self.record = record
@@ -314,37 +302,19 @@ class Watchdog:
     def _write_dump(self, reason: str, traceback_text: Optional[str]) -> Tuple[str, ...]:
         from hangdoc.atomic import write_atomic
         from hangdoc.runtime.identity import identity
+        from hangdoc.runtime.options import file_name
 
         ident = identity()
         tag = _tag_line(ident, reason, self)
         os.makedirs(self.out_dir, exist_ok=True)
-        try:
-            from hangdoc.runtime.options import file_name
-
-            name = file_name("stacks", ident)
-        except ImportError:
-            name = stacks_file_name(ident.host, ident.rank, ident.pid)
-        path = os.path.join(self.out_dir, name)
+        path = os.path.join(self.out_dir, file_name("stacks", ident))
         if traceback_text is None:
-            # faulthandler needs a real file descriptor; write the temporary file of an atomic
-            # write ourselves.
-            fd, tmp = tempfile.mkstemp(prefix=".hangdoc-", suffix=".tmp", dir=self.out_dir)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write((tag + "\n").encode())
-                    f.flush()
-                    faulthandler.dump_traceback(file=f, all_threads=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
-        else:
-            write_atomic(path, tag + "\n" + traceback_text)
+            # faulthandler writes to a file descriptor, not a Python stream
+            with tempfile.TemporaryFile() as f:
+                faulthandler.dump_traceback(file=f, all_threads=True)
+                f.seek(0)
+                traceback_text = f.read().decode("utf-8", "replace")
+        write_atomic(path, tag + "\n" + traceback_text)
         paths = [path]
         rec = self._recorder
         if rec is not None:
