@@ -132,7 +132,7 @@ def test_hang_is_dumped_diagnosed_and_killed(pytester, env):
 def load_next_batch():
     time.sleep(120)
 
-@pytest.mark.world_size(2, timeout=3)
+@pytest.mark.world_size(2)
 def test_hang(rank):
     dist.all_reduce(torch.ones(4))
     if rank == 0:
@@ -141,7 +141,7 @@ def test_hang(rank):
         load_next_batch()
 """)
     t0 = time.monotonic()
-    result = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider")
+    result = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", "--hangdoc-timeout", "3")
     took = time.monotonic() - t0
     result.assert_outcomes(failed=1)
     text = failure_text(result, "test_hang")

@@ -97,7 +97,7 @@ class RankTrace:
         from hangdoc.runtime import recorder
 
         rec = recorder.get()
-        return rec.records() if rec is not None else []
+        return rec.records()[_RANK_START[0]:] if rec is not None else []
 
     def records(self, group: Optional[str] = None) -> List[CollectiveRecord]:
         return [r for r in self._live() if group is None or r.group == group]
@@ -107,6 +107,10 @@ class RankTrace:
 
     def calls(self, group: Optional[str] = None) -> List[str]:
         return [r.describe() for r in self.records(group)]
+
+
+#: in an in-process run, where the running rank's records start in the shared recorder.
+_RANK_START = [0]
 
 
 def find_divergences(records: Sequence[CollectiveRecord], ranks: Sequence[int] = ()) -> List[Any]:
@@ -186,21 +190,30 @@ def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[in
                            "disable it before running ranks in-process")
     records: Dict[int, List[CollectiveRecord]] = {}
     errors: Dict[int, BaseException] = {}
-    for rank in range(world_size):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-        rec = None
-        try:
-            rec = recorder.enable()
-            call(rank)
-        except Exception as e:
-            errors[rank] = e
-        finally:
-            got = rec.records() if rec is not None else []
-            # The recorder names the rank it was in when asked; pin it to the rank that ran.
-            records[rank] = [r if r.rank == rank else dataclasses.replace(r, rank=rank) for r in got]
-            recorder.disable()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+    # One recorder for all ranks (enabling costs milliseconds; a rank costs less): each rank's
+    # records are the ones that appeared while it ran.
+    rec = recorder.enable()
+    seen = 0
+    try:
+        for rank in range(world_size):
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+            _RANK_START[0] = seen
+            try:
+                call(rank)
+            except Exception as e:
+                errors[rank] = e
+            finally:
+                snapshot = rec.records() if rec is not None else []
+                if len(snapshot) < seen:  # pragma: no cover - a ring buffer of 100,000 calls wrapped
+                    raise RuntimeError("more collective calls than the recorder holds; check fewer steps at a time")
+                # The recorder names the rank it was in when asked; pin it to the rank that ran.
+                records[rank] = [r if r.rank == rank else dataclasses.replace(r, rank=rank) for r in snapshot[seen:]]
+                seen = len(snapshot)
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+    finally:
+        _RANK_START[0] = 0
+        recorder.disable()
     return records, errors
 
 
