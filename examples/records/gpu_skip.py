@@ -2,7 +2,7 @@
 collective, so every stack shows the later sync point; the records (CUDA-event completion) and the
 Flight Recorder dump show the all_reduce enqueued but never completed on the other ranks.
 
-    TORCH_FR_BUFFER_SIZE=2000 HANGDOC_OUT=/tmp/gpu torchrun --nproc-per-node 2 examples/records/gpu_skip.py
+    TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 HANGDOC_OUT=/tmp/gpu torchrun --nproc-per-node 2 examples/records/gpu_skip.py
 
 Each rank writes its records and its Flight Recorder dump (``fr_trace_rank_<rank>``) after 5 s,
 then exits without tearing NCCL down (the hung communicator would block that).
@@ -30,8 +30,6 @@ rank = dist.get_rank()
 def dump_and_exit():
     time.sleep(5)
     os.makedirs(out, exist_ok=True)
-    print(f"rank {rank} pending:", [(r.op, r.seq, r.stream, r.state) for r in rec.pending()], flush=True)
-    rec.dump()
     try:
         import torch._C._distributed_c10d as c
 
@@ -39,6 +37,9 @@ def dump_and_exit():
             f.write(c._dump_fr_trace())
     except Exception as e:
         print(f"rank {rank}: no Flight Recorder dump: {e}", flush=True)
+    rec.dump()
+    print(f"rank {rank} pending:", [(r.op, r.seq, r.stream, r.state) for r in rec.pending()], flush=True)
+    time.sleep(3)  # let the other ranks write theirs before anyone exits
     os._exit(0)
 
 

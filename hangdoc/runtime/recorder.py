@@ -367,6 +367,7 @@ class Recorder:
         from hangdoc.atomic import write_atomic
 
         _refresh_identity()
+        self._sweep()  # completions observed now belong in the header's progress too
         path = path or self.default_path()
         world = _world_size()
         header = {"hangdoc": "collectives", "version": 1, "host": _IDENT[1], "rank": _IDENT[0],
