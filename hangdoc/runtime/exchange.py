@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 KEY = "hangdoc/dump/{rank}"
 #: seconds each store operation may take
 STORE_TIMEOUT = 2.0
-#: how long the aggregating rank waits for the other ranks' entries
+#: how long after its own stall the reporting rank waits for the other ranks' entries
 COLLECT_WAIT = 3.0
 #: how long a rank > 0 waits for rank 0 to post before it takes over the report
 TAKEOVER_WAIT = 2.0
@@ -254,7 +254,9 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
 
     _preload_offline()
     entries = {ident.rank: entry}
-    deadline = time.monotonic() + COLLECT_WAIT
+    # counted from this rank's own stall, so that a rank that took over has waited for rank 0
+    # already, and the verdict stays within the timeout + 5 s budget
+    deadline = max(started + COLLECT_WAIT, time.monotonic() + 1.0)
     while True:
         if _usable(store):
             try:
