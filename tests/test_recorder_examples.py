@@ -104,3 +104,14 @@ def test_whole_analysis_puts_the_record_verdict_first(scenario):
     kind, culprits, headline = EXPECTED[scenario]
     assert report.findings[0].kind == kind and headline in report.findings[0].summary
     assert [c.rank for c in report.findings[0].culprits] == culprits
+
+
+def test_real_nccl_records_show_the_gpu_side_hang():
+    """Captured on 2 GPUs (see tests/fixtures/records/README.md): the host never blocks in NCCL."""
+    recs = _read(sorted(glob.glob(os.path.join(FIXTURES, "gpu_nccl_skip", "collectives-*.jsonl"))), records_reader)
+    pending = [(r.rank, r.op, r.stream) for r in recs if r.state == "issued"]
+    assert pending == [(0, "all_reduce", "default"), (0, "broadcast", "stream35")]
+    head = record_rules.findings(Report(job=Job(records=recs)))[0]
+    assert head.kind == "collective-mismatch" and [c.rank for c in head.culprits] == [1]
+    assert head.summary == "rank 1 skipped all_reduce #3 (gpu_skip.py:50); everything after it is fallout"
+    assert any("rank 0 is blocked in all_reduce([1024] float32) #3" in e for e in head.evidence)
