@@ -337,11 +337,19 @@ def _apply_tags(emitted: List[Tuple[_Channel, Process]], tags: List[Tuple[_Chann
     """A tag line belongs to the first process of its channel that starts after it."""
     if not tags:
         return
+    # both lists are in line order: one pass per channel (a file may hold 100,000 tagged dumps)
+    by_channel: Dict[int, List[Process]] = {}
+    for ch, p in emitted:
+        by_channel.setdefault(id(ch), []).append(p)
+    cursor: Dict[int, int] = {}
     for ch, tag_line, fields in tags:
-        for pch, p in emitted:
-            if pch is ch and p.source_line > tag_line and not p.meta.get("tagged"):
-                _apply_tag(p, fields)
-                break
+        procs = by_channel.get(id(ch), [])
+        i = cursor.get(id(ch), 0)
+        while i < len(procs) and (procs[i].source_line <= tag_line or procs[i].meta.get("tagged")):
+            i += 1
+        cursor[id(ch)] = i
+        if i < len(procs):
+            _apply_tag(procs[i], fields)
 
 
 def _int(v: Optional[str]) -> Optional[int]:
