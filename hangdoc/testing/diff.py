@@ -62,7 +62,13 @@ def _site(rec: CollectiveRecord) -> str:
     return os.path.basename(site)
 
 
-def _cell(rec: Optional[CollectiveRecord], exists: bool) -> str:
+class _Gap(str):
+    """A hole the alignment opened in one column: the call the other side has here, this one lacks."""
+
+
+def _cell(rec, exists: bool) -> str:
+    if isinstance(rec, _Gap):
+        return str(rec)
     if rec is None:
         return "(nothing)" if exists else ""
     text = f"{rec.describe()}   {_site(rec)}"
@@ -73,8 +79,8 @@ def _cell(rec: Optional[CollectiveRecord], exists: bool) -> str:
     return text
 
 
-def _key(recs: Sequence[CollectiveRecord]) -> Tuple:
-    return tuple((r.signature(), r.peer) for r in recs)
+def _key(recs: Sequence) -> Tuple:
+    return tuple(None if isinstance(r, _Gap) else (r.signature(), r.peer) for r in recs)
 
 
 def side_by_side(
@@ -83,8 +89,13 @@ def side_by_side(
     diverging: Sequence[int],
     index: Optional[int] = None,
     group_ranks: Sequence[int] = (),
+    kind: Optional[str] = None,
 ) -> str:
-    """The rows around position ``index`` of ``group``'s sequence, agreeing ranks left."""
+    """The rows around position ``index`` of ``group``'s sequence, agreeing ranks left.
+
+    ``kind`` (the divergence's) aligns the columns: a ``missing`` call opens a hole in the diverging
+    columns, an ``extra`` one in the agreeing columns, so the calls after it line up again.
+    """
     members = sorted(group_ranks) if group_ranks else sorted(r for r, g in ranks.items() if group in g)
     members = sorted(set(members) | {r for r in diverging if r in ranks or r in members})
     seqs = {r: ranks.get(r, {}).get(group, []) for r in members}
@@ -101,6 +112,15 @@ def side_by_side(
         columns.append(([r], seqs[r]))
     hidden = columns[MAX_COLUMNS:]
     columns = columns[:MAX_COLUMNS]
+    if index is not None and kind in ("missing", "extra"):
+        aligned = []
+        for rs, seq in columns:
+            lacking = (rs[0] in diverging) == (kind == "missing")
+            if lacking and index < len(seq):
+                gap = _Gap("(skipped)" if kind == "missing" else "(nothing)")
+                seq = list(seq[:index]) + [gap] + list(seq[index:])
+            aligned.append((rs, seq))
+        columns = aligned
     if index is None:
         index = _first_difference([c[1] for c in columns])
     longest = max((len(c[1]) for c in columns), default=0)
@@ -121,7 +141,8 @@ def side_by_side(
         ref = _key(cells[:1]) if cells[0] is not None else None
         marks = [" | "]
         for cell in cells[1:]:
-            marks.append(" | " if cell is not None and ref is not None and _key([cell]) == ref else " ! ")
+            same = cell is not None and ref is not None and not isinstance(cell, _Gap) and _key([cell]) == ref
+            marks.append(" | " if same else " ! ")
         row = ""
         for j, (cell, w) in enumerate(zip(cells, width)):
             sep = marks[j] if j else ""
@@ -168,7 +189,7 @@ def format_divergences(records: Iterable[CollectiveRecord], divergences: Sequenc
         summary = getattr(d, "summary", "") or f"{getattr(d, 'kind', 'divergence')} at call #{getattr(d, 'index', '?')}"
         head = f"process group {group}" + (f" ({who})" if who else "") + f": {summary}"
         index = getattr(d, "index", None)
-        blocks.append(head + "\n" + side_by_side(ranks, group, diverging, index, group_ranks))
+        blocks.append(head + "\n" + side_by_side(ranks, group, diverging, index, group_ranks, getattr(d, "kind", None)))
     n = len(first)
     title = "collective order diverged" + (f" in {n} process groups" if n > 1 else "")
     return title + "\n\n" + "\n\n".join(blocks)
