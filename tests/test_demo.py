@@ -34,7 +34,7 @@ def _processes_mentioning(text):
 
 def test_demo_prints_the_verdict_and_leaves_nothing_running(tmp_path):
     out = str(tmp_path / "demo-out")
-    p = subprocess.Popen([sys.executable, "-m", "hangdoc", "demo", "--out", out], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "hangdoc", "demo", "--timeout", "2", "--out", out], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env_for(), start_new_session=True)
     try:
         log, _ = p.communicate(timeout=60)

@@ -24,7 +24,7 @@ from tests.procs import env_for, torchrun_cmd
 if importlib.util.find_spec("torch") is None:
     pytest.skip("torch is not installed", allow_module_level=True)
 
-TIMEOUT = 3
+TIMEOUT = 2
 
 
 class Job:
