@@ -249,10 +249,11 @@ def test_group_invariants(job, granularity):
     assert len({(g.status, tuple((f.function, f.file, f.native) for f in g.stack)) for g in groups}) == len(groups) or granularity == "function+line"
     assert report.tree.count == len(job.processes)
     # every group's stack is a path of the tree
+    same = (lambda a, b: a == b) if granularity == "function+line" else (lambda a, b: (a.function, a.file, a.native) == (b.function, b.file, b.native))
     for g in groups:
         node = report.tree
         for f in g.stack:
-            node = next(c for c in node.children if c.frame == f)
+            node = next(c for c in node.children if same(c.frame, f))
             assert any(x is g for x in node.groups)
     present = {p.rank for p in job.processes if p.rank is not None}
     assert not present & set(report.missing_ranks)
@@ -306,3 +307,17 @@ def test_summary_of_a_forked_worker_stops_at_the_child_start():
                       Frame("acquire", "logging/__init__.py", 230))
     assert summarize(idle) == "_PollLikeSelector.select ← _worker_loop (worker.py:334)"
     assert summarize(stuck) == "acquire ← __getitem__ (train.py:35)"
+
+
+def test_function_granularity_merges_tree_nodes_that_differ_only_in_line():
+    a = (Frame("main", "t.py", 10), Frame("step", "t.py", 1), Frame("x", "t.py", 5))
+    b = (Frame("main", "t.py", 12), Frame("step", "t.py", 1), Frame("y", "t.py", 6))
+    job = Job(processes=[proc(0, a), proc(1, a), proc(2, b)])
+    fine = build_report(job)
+    assert [c.frame for c in fine.tree.children] == [a[0], b[0]]
+    coarse = build_report(job, granularity="function")
+    (main,) = coarse.tree.children
+    assert main.frame == Frame("main", "t.py", None) and main.count == 3
+    (step,) = main.children
+    assert step.frame == Frame("step", "t.py", 1)  # the line all of them agree on stays
+    assert [(c.frame.function, c.count) for c in step.children] == [("x", 2), ("y", 1)]

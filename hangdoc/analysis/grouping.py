@@ -100,7 +100,7 @@ def build_report(job: Job, granularity: str = "function+line") -> Report:
     return Report(
         job=job,
         groups=groups,
-        tree=merge_tree(groups),
+        tree=merge_tree(groups, with_line=with_line),
         missing_ranks=missing_ranks(job),
         granularity=granularity,
         thread_groups=thread_groups,
@@ -177,10 +177,12 @@ def _group_order(g: Group) -> Tuple:
 # -- the merged tree ----------------------------------------------------------------------------
 
 
-def merge_tree(groups: Iterable[Group]) -> TreeNode:
+def merge_tree(groups: Iterable[Group], with_line: bool = True) -> TreeNode:
     """The prefix tree of the groups' stacks; every node lists the groups passing through it.
 
     Children come largest first (then by their first member), so the main path reads top-down.
+    With ``with_line=False`` (granularity ``function``) frames that differ only in their line share
+    a node, whose frame keeps the line only if all of them agree.
 
         >>> from hangdoc.model import Frame, Group, Process
         >>> a, b, c = Frame("main", "t.py", 1), Frame("step", "t.py", 2), Frame("load", "t.py", 3)
@@ -190,16 +192,19 @@ def merge_tree(groups: Iterable[Group]) -> TreeNode:
     """
     root = TreeNode(frame=None)
     # node -> its children by frame; kept aside so TreeNode stays a plain data object.
-    index: Dict[int, Dict[Frame, TreeNode]] = {}
+    index: Dict[int, Dict[Hashable, TreeNode]] = {}
     for g in groups:
         root.groups.append(g)
         node = root
         for f in g.stack:
             kids = index.setdefault(id(node), {})
-            child = kids.get(f)
+            k: Hashable = f if with_line else (f.function, f.file, f.native)
+            child = kids.get(k)
             if child is None:
-                child = kids[f] = TreeNode(frame=f)
+                child = kids[k] = TreeNode(frame=f)
                 node.children.append(child)
+            elif child.frame is not None and child.frame.line != f.line:
+                child.frame = Frame(f.function, f.file, None, f.native)
             child.groups.append(g)
             node = child
     _order_children(root)
