@@ -298,10 +298,24 @@ class Options:
     host: Optional[str] = None
 
 
+def undumpable_block(info: ProcessInfo, reasons: Sequence[str], status: str = "unresponsive",
+                     host: Optional[str] = None, parent: Optional[ProcessInfo] = None) -> str:
+    """The block of a process no dumper could read: its tag line with ``status`` and ``reason``,
+    then one ``Error: ...`` line, the form py-spy prints its own failures in, which the readers
+    take as an unresponsive process.
+
+    >>> print(undumpable_block(ProcessInfo(pid=7, ppid=1), ["py-spy timed out after 10s"], host="n1"), end="")
+    # hangdoc process host=n1 pid=7 ppid=1 source=hangdoc-dump status=unresponsive reason=py-spy_timed_out_after_10s
+    Error: py-spy timed out after 10s
+    """
+    message = " ".join("; ".join(reasons).split()) or "no dumper could read it"
+    return tag_for(info, host, parent, status=status, reason=_one_line(message)) + "\nError: " + message + "\n"
+
+
 def dump_process(info: ProcessInfo, options: Options, parent: Optional[ProcessInfo] = None) -> str:
     """One process's block: tag line, then the dump (or the reasons it could not be taken)."""
     if info.state == "Z":
-        return tag_for(info, options.host, parent, status="stopped", reason="zombie") + "\nError: zombie process (state Z)\n"
+        return undumpable_block(info, ["zombie process (state Z)"], "stopped", options.host, parent)
     extra: Dict[str, object] = {}
     nonblocking = options.nonblocking
     if info.state in ("T", "t"):
@@ -323,11 +337,7 @@ def dump_process(info: ProcessInfo, options: Options, parent: Optional[ProcessIn
     if not attempt.ok:
         if info.state in ("T", "t"):
             reasons.insert(0, f"stopped (state {info.state})")
-        # the readers take an "Error: ..." line after a tag, as py-spy prints it, for a process
-        # that could not be dumped
-        return (tag_for(info, options.host, parent, status="unresponsive" if not extra else "stopped",
-                        reason=_one_line("; ".join(reasons)))
-                + "\nError: " + " ".join("; ".join(reasons).split()) + "\n")
+        return undumpable_block(info, reasons, "stopped" if extra else "unresponsive", options.host, parent)
     if attempt.how != "py-spy":
         extra["dumper"] = attempt.how
     text = attempt.text if attempt.text.endswith("\n") else attempt.text + "\n"
