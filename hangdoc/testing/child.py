@@ -116,6 +116,12 @@ class RankSession:
 
     def teardown(self) -> None:
         self.dump_records()
+        if self.recorder is not None:
+            # Off before exit: the recorder's own exit-time dump would land in the user's directory.
+            from hangdoc.runtime import recorder
+
+            recorder.disable()
+            self.recorder = None
         if not self.initialised:
             return
         import torch.distributed as dist
