@@ -13,6 +13,7 @@ was produced, 1 when it was not.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import signal
@@ -74,10 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--nproc must be at least 2")
     if args.timeout <= 0:
         raise UsageError("--timeout must be > 0")
-    try:
-        import torch.distributed  # noqa: F401  (only to fail early with a clear message)
-    except ImportError:
-        raise UsageError("the demo needs torch (pip install torch)") from None
+    if importlib.util.find_spec("torch") is None:  # not imported: that alone takes seconds
+        raise UsageError("the demo needs torch (pip install torch)")
 
     out = os.path.abspath(args.out) if args.out else tempfile.mkdtemp(prefix="hangdoc-demo-")
     os.makedirs(out, exist_ok=True)
