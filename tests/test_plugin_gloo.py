@@ -122,8 +122,8 @@ def test_uneven(rank):
     assert "pluggy" not in crash
     uneven = failure_text(result, "test_uneven")
     assert uneven.startswith("collective order diverged")
-    assert "rank 0 issued all_reduce #1 ([4] float32) at test_g.py:23 that rank 1 never issued" in uneven
-    assert re.search(r"> #1\s+\(nothing\)\s+! all_reduce\(\[4\] float32\)\s+test_g.py:23", uneven)
+    assert "rank 0 issued all_reduce #1 ([4] float32) at test_g.py:24 that rank 1 never issued" in uneven
+    assert re.search(r"> #1\s+\(nothing\)\s+! all_reduce\(\[4\] float32\)\s+test_g.py:24", uneven)
     assert not (pytester.path / "hangdoc-out").exists()  # the ranks' records went to the run directory only
     assert_no_orphans(pytester.path)
 

@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _child.in_child():
         session = _child.RankSession()
         config.stash[_RANK_KEY] = session
+        config.pluginmanager.register(_RankHooks(session), "hangdoc-rank")
         session.start_guard()
 
 
@@ -193,37 +194,23 @@ def pytest_runtest_teardown(item: pytest.Item):
         item.fixturenames = item.stash[_SAVED_FIXTURES]
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    session = _current_session()
-    if session is not None:
-        session.add_report(report)
+class _RankHooks:
+    """Hooks that only a rank process has: they collect what the parent needs to judge the test."""
 
+    def __init__(self, session: _child.RankSession) -> None:
+        self.session = session
 
-def pytest_collectreport(report: pytest.CollectReport) -> None:
-    session = _current_session()
-    if session is not None and report.failed:
-        session.add_collect_error(report)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.session.add_report(report)
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.session.add_collect_error(report)
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    rank_session = session.config.stash.get(_RANK_KEY, None)
-    if rank_session is not None:
-        rank_session.teardown()
-        rank_session.write_result(exitstatus)
-
-
-_CONFIG: List[pytest.Config] = []
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _CONFIG[:] = [session.config]
-
-
-def _current_session() -> Optional[_child.RankSession]:
-    if not _CONFIG:
-        return None
-    return _CONFIG[0].stash.get(_RANK_KEY, None)
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.session.teardown()
+        self.session.write_result(exitstatus)
 
 
 # ---------------------------------------------------------------------------------------------
