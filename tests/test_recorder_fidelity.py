@@ -120,3 +120,13 @@ def test_phases_and_call_sites(job):
         bw = [r for r in recs if r["phase"] == "backward"]
         assert len(bw) == 1 and line(bw[0]) == (marks["backward"], "backward")
         assert all(r["phase"] is None for r in recs if r not in bw and r["op"] != "barrier")
+
+
+def test_ddp_construction_is_recorded(job):
+    marks = _marks()
+    for rank, (_, recs, _) in job.items():
+        ddp = [r for r in recs if r["op"] in ("verify_params_across_processes", "broadcast_coalesced")]
+        assert [r["op"] for r in ddp] == ["verify_params_across_processes", "broadcast_coalesced"]
+        assert all(r["shapes"] == [[3, 4], [3]] for r in ddp)
+        assert ddp[1]["root"] == 0
+        assert all(r["call_site"].endswith(f"fidelity.py:{marks['ddp']}:main") for r in ddp)

@@ -56,6 +56,9 @@ def main():
         dist.send(torch.ones(7), dst=2)  # mark:send
     elif rank == 2:
         dist.recv(torch.empty(7), src=0)  # mark:recv
+    # DDP's construction-time collectives go through torch.distributed bindings (recorded); its
+    # gradient all_reduces run in the C++ Reducer (not recorded).
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))  # mark:ddp
 
 
 main()

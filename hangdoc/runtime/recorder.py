@@ -73,6 +73,12 @@ KNOWN = (
     "isend", "irecv", "send_object_list", "recv_object_list", "batch_isend_irecv",
     "_all_gather_base", "_reduce_scatter_base",
 )
+#: Bindings of torch.distributed that DDP/FSDP call at construction (C++ functions, no signature to
+#: discover): name -> (op, parameter names in order).
+BINDINGS = {
+    "_broadcast_coalesced": ("broadcast_coalesced", ["group", "tensors", "buffer_size", "src"]),
+    "_verify_params_across_processes": ("verify_params_across_processes", ["group", "tensors", "logger"]),
+}
 # Public functions with a ``group`` parameter that manage groups or query them: no communication
 # worth a record (group creation is tracked through the group registry instead).
 _NOT_COMM = frozenset({
@@ -839,6 +845,13 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
             if getattr(mod, name, None) is fn:
                 _originals[(mod, name)] = fn
                 setattr(mod, name, wrapped)
+    for name, (op, params) in BINDINGS.items():
+        fn = getattr(dist, name, None)
+        if fn is not None and callable(fn):
+            spec = _Spec(op, params)
+            wrapped = _wrap(fn, spec)
+            _originals[(dist, name)] = fn
+            setattr(dist, name, wrapped)
     for name in ("destroy_process_group",):
         fn = getattr(c10d, name, None)
         if fn is not None:
