@@ -258,3 +258,30 @@ def test_x(rank):
 def test_hangdoc_timeout_option_is_registered(pytester):
     result = pytester.runpytest(*plugin_args(), "--help")
     result.stdout.fnmatch_lines(["*--hangdoc-timeout=SECONDS*"])
+
+
+def test_xfail_and_skip_marks_apply_to_the_multi_rank_outcome(pytester):
+    pytester.makepyfile(HEADER + """
+@pytest.mark.xfail(strict=True, reason="known divergence")
+@pytest.mark.world_size(2, backend="fake")
+def test_known_bug(rank):
+    if rank == 0:
+        dist.barrier()
+
+@pytest.mark.xfail(strict=True, reason="should diverge but does not")
+@pytest.mark.world_size(2, backend="fake")
+def test_fixed_bug(rank):
+    dist.barrier()
+
+@pytest.mark.skipif(True, reason="not today")
+@pytest.mark.world_size(2)
+def test_skipped(rank):
+    raise AssertionError("never runs")
+
+@pytest.mark.world_size(2, backend="fake")
+def test_skips_itself(rank):
+    pytest.skip("no GPU")
+""")
+    result = run(pytester, "-rxXs")
+    result.assert_outcomes(xfailed=1, failed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*XPASS(strict)*should diverge but does not*"])
