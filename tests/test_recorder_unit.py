@@ -157,3 +157,16 @@ def test_calls_torch_turns_into_no_ops_or_errors_leave_no_record(rec, capsys):
     dist.all_reduce(torch.ones(1), group=c10d.GroupMember.NON_GROUP_MEMBER)  # torch: a no-op
     assert rec.records() == [] and rec.errors == 0
     assert "hangdoc recorder" not in capsys.readouterr().err
+
+
+def test_an_unexpected_torch_leaves_everything_unpatched(group, monkeypatch, capsys):
+    original = dist.all_reduce
+
+    def broken(c10d):
+        raise TypeError("surprising torch")
+
+    monkeypatch.setattr(recorder, "discover", broken)
+    monkeypatch.setattr(recorder, "_reported", [False])
+    assert recorder.enable() is None and recorder.get() is None
+    assert dist.all_reduce is original
+    assert "hangdoc recorder: TypeError: surprising torch" in capsys.readouterr().err

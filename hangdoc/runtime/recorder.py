@@ -646,15 +646,18 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
         else:  # the common case, inlined: a host-synchronous call is complete when it returns
             r = _recorder
             if r is not None:
-                buf = r._buf
-                t1 = _time()
-                done = rec[:_T1] + (t1, "completed")
-                if buf and buf[-1] is rec:
-                    buf[-1] = done
-                else:
-                    r._replace(rec, done)
-                r._progress += 1
-                r._last_t1 = t1
+                try:  # free in 3.11+ unless it raises
+                    buf = r._buf
+                    t1 = _time()
+                    done = rec[:_T1] + (t1, "completed")
+                    if buf and buf[-1] is rec:
+                        buf[-1] = done
+                    else:
+                        r._replace(rec, done)
+                    r._progress += 1
+                    r._last_t1 = t1
+                except Exception as e:
+                    _report(e)
         return result
 
     wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
@@ -834,6 +837,21 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     rec = Recorder(capacity=capacity, out_dir=out_dir)
     _refresh_identity()
 
+    try:
+        _patch(c10d, dist)
+    except Exception as e:  # an unexpected torch: run unrecorded rather than break the job
+        _report(e)
+        for (mod, name), fn in list(_originals.items()):
+            setattr(mod, name, fn)
+        _originals.clear()
+        return None
+    _groups.clear()
+    _recorder = rec
+    atexit.register(_dump_at_exit)
+    return rec
+
+
+def _patch(c10d: Any, dist: Any) -> None:
     specs = discover(c10d)
     _SPECS_BY_NAME.clear()
     _SPECS_BY_NAME.update(specs)
@@ -848,10 +866,8 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     for name, (op, params) in BINDINGS.items():
         fn = getattr(dist, name, None)
         if fn is not None and callable(fn):
-            spec = _Spec(op, params)
-            wrapped = _wrap(fn, spec)
             _originals[(dist, name)] = fn
-            setattr(dist, name, wrapped)
+            setattr(dist, name, _wrap(fn, _Spec(op, params)))
     for name in ("destroy_process_group",):
         fn = getattr(c10d, name, None)
         if fn is not None:
@@ -860,10 +876,6 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
                 if getattr(mod, name, None) is fn:
                     _originals[(mod, name)] = fn
                     setattr(mod, name, wrapped)
-    _groups.clear()
-    _recorder = rec
-    atexit.register(_dump_at_exit)
-    return rec
 
 
 def _dump_at_exit() -> None:
