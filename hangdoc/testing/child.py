@@ -49,6 +49,13 @@ class RankSession:
         self.dir = env[ENV_DIR]
         self.nodeid = env.get(ENV_NODEID, "")
         self.timeout = float(env.get(ENV_TIMEOUT, "60"))
+        # Read once and forget: a test that starts pytest itself must not make that one a rank too.
+        from hangdoc.testing.procs import CONTROL_FD_ENV
+
+        fd = env.get(CONTROL_FD_ENV)
+        self.control_fd: Optional[int] = int(fd) if fd else None
+        for name in [n for n in env if n.startswith("HANGDOC_TESTING_")]:
+            del env[name]
         self.reports: List[Dict[str, Any]] = []
         self.collect_errors: List[str] = []
         self.recorder = None
@@ -62,11 +69,11 @@ class RankSession:
         return os.path.join(self.dir, f"{kind}-{self.host}-r{self.rank}-{self.pid}.{ext}")
 
     def start_guard(self) -> None:
-        from hangdoc.testing.procs import CONTROL_FD_ENV, start_guard
+        from hangdoc.testing.procs import start_guard
 
-        fd = os.environ.get(CONTROL_FD_ENV)
-        if fd is not None:
-            start_guard(int(fd), self.dump_for_parent)
+        if self.control_fd is not None:
+            os.set_inheritable(self.control_fd, False)
+            start_guard(self.control_fd, self.dump_for_parent)
 
     def dump_for_parent(self) -> None:
         """Called from the guard thread while the main thread may be blocked in a collective."""
