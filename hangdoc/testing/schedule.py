@@ -129,18 +129,15 @@ def replay(calls: Mapping[int, Sequence[CollectiveRecord]]) -> List[ScheduleProb
     if stuck:
         problems.insert(0, _deadlock(stuck, ops, pos, group_index, arrived, ranks))
     else:
-        for (src, dst), q in sorted(sends.items()):
-            if q:
+        for queues, what, to, verb in ((sends, "send", "to", "received"), (recvs, "recv", "from", "sent")):
+            for (src, dst), q in sorted(queues.items()):
+                if not q:
+                    continue
                 i, c = q[0]
+                me, other = (src, dst) if what == "send" else (dst, src)
                 problems.append(ScheduleProblem(
-                    "unmatched", f"rank {src} posted {len(q)} send{'s' if len(q) > 1 else ''} to rank {dst} that rank "
-                    f"{dst} never received, the first {c.describe()} at {_site(c)}", [src, dst], {src: i}))
-        for (src, dst), q in sorted(recvs.items()):
-            if q:
-                i, c = q[0]
-                problems.append(ScheduleProblem(
-                    "unmatched", f"rank {dst} posted {len(q)} recv{'s' if len(q) > 1 else ''} from rank {src} that rank "
-                    f"{src} never sent, the first {c.describe()} at {_site(c)}", [src, dst], {dst: i}))
+                    "unmatched", f"rank {me} posted {len(q)} {what}{'s' if len(q) > 1 else ''} {to} rank {other} that "
+                    f"rank {other} never {verb}, the first {c.describe()} at {_site(c)}", [src, dst], {me: i}))
     return problems
 
 
