@@ -11,7 +11,6 @@ import glob
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time

@@ -17,7 +17,6 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import sys
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
@@ -195,7 +194,3 @@ def read_result(directory: str, rank: int) -> Optional[Dict[str, Any]]:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def print_err(msg: str) -> None:
-    print(f"hangdoc: {msg}", file=sys.stderr)

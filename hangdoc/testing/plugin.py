@@ -275,7 +275,6 @@ def _run_processes(item: pytest.Function, spec: Spec) -> None:
     cmds = [_child_command(item, run_dir, r) for r in range(spec.world_size)]
     envs = [_child_env(item, spec, r, run_dir, store_addr) for r in range(spec.world_size)]
     ranks = RankProcesses(cmds, envs, log_dir=run_dir, cwd=str(item.config.invocation_params.dir))
-    outcome: Optional[str] = None
     hang: Optional[Dict[str, Any]] = None
     try:
         clock = _Clock(run_dir, ranks, spec.timeout)
