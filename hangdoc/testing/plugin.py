@@ -375,8 +375,16 @@ def _child_command(item: pytest.Item, run_dir: str, rank: int) -> List[str]:
     if config.inipath is not None and not any(a in ("-c", "--config-file") for a in forwarded):
         cmd += ["-c", str(config.inipath)]
     # Each rank its own basetemp: ranks must not rotate (delete) each other's tmp_path.
-    cmd += ["--basetemp", os.path.join(run_dir, f"tmp-r{rank}"), item.nodeid]
+    cmd += ["--basetemp", os.path.join(run_dir, f"tmp-r{rank}"), _node_arg(item)]
     return cmd
+
+
+def _node_arg(item: pytest.Item) -> str:
+    """The node id with an absolute file path: the rank runs in the parent's working directory,
+    which need not be the rootdir that node ids are relative to."""
+    file_part, sep, rest = item.nodeid.partition("::")
+    path = str(item.path) if item.path is not None and sep else file_part
+    return path + sep + rest
 
 
 def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_addr: str) -> Dict[str, Optional[str]]:
