@@ -321,3 +321,12 @@ def test_function_granularity_merges_tree_nodes_that_differ_only_in_line():
     (step,) = main.children
     assert step.frame == Frame("step", "t.py", 1)  # the line all of them agree on stays
     assert [(c.frame.function, c.count) for c in step.children] == [("x", 2), ("y", 1)]
+
+
+def test_hangdocs_own_recorder_wrapper_is_not_the_user_frame():
+    stack = (Frame("<module>", "/work/proj/examples/skip_broadcast.py", 11),
+             Frame("wrapper", "/work/proj/hangdoc/runtime/recorder.py", 613),
+             Frame("all_reduce", C10D, 3252))
+    assert summarize(stack) == "all_reduce ← <module> (skip_broadcast.py:11)"
+    installed = (stack[0], Frame("wrapper", "hangdoc/runtime/recorder.py", 613), stack[2])
+    assert summarize(installed) == "all_reduce ← <module> (skip_broadcast.py:11)"

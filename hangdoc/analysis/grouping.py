@@ -294,6 +294,8 @@ def is_library(frame: Frame) -> bool:
         return frame.native
     if f.startswith(_LIBRARY_PREFIXES) or "site-packages/" in f or "dist-packages/" in f or "/lib/python" in f:
         return True
+    if f.startswith("hangdoc/") or "/hangdoc/runtime/" in f:
+        return True  # hangdoc's own in-job wrappers (the collective recorder) are not the user's code
     if f[0] in "/~.":
         return False  # a path of the user's own tree
     head = f.split("/", 1)[0]
