@@ -7,6 +7,7 @@ BLOOM-176B evaluation hang dumps (tests/fixtures/bloom).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -250,3 +251,16 @@ def _render(job):
     from hangdoc.renderers import RenderOptions, render
 
     return render(build_report(job), "json", RenderOptions())
+
+
+def test_records_alone_make_a_report():
+    records = sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "records", "skip_broadcast", "collectives-*.jsonl")))
+    if not records:
+        pytest.skip("no collective record fixtures captured")
+    rc, out, err = hangdoc(*records)
+    assert rc == 0, err
+    assert re.match(r"hangdoc: 0 processes, \d+ records \(ranks 0-3\) from 4 sources, 0 groups\n", out)
+    rc, out, _ = hangdoc(*records, "--format", "json")
+    doc = json.loads(out)
+    assert doc["processes"] == 0 and doc["groups"] == [] and sum(s["records"] for s in doc["sources"]) > 0
+    assert doc["findings"]

@@ -73,7 +73,7 @@ def render(report: Report, options) -> str:
 
 def _md(s: str) -> str:
     """Escape what Markdown would turn into markup (tables, emphasis, HTML)."""
-    for ch in "\\`*_[]<>|#":
+    for ch in "\\`*_[]<>|":  # '#' only matters at a line's start, where these never are
         s = s.replace(ch, "\\" + ch)
     return s
 

@@ -324,12 +324,14 @@ class TextReport:
     def title(self) -> str:
         r = self.r
         n = len(r.job.processes)
-        all_groups = r.groups
-        who = self.sets.who(all_groups) if n else "nothing read"
-        return self.paint(
-            f"hangdoc: {plural(n, 'process')} ({who}) from {plural(len(r.job.sources), 'source')}, {plural(len(r.groups), 'group')}",
-            "title",
-        )
+        text = f"hangdoc: {plural(n, 'process')}"
+        if n:
+            text += f" ({self.sets.who(r.groups)})"
+        if r.job.records:
+            ranks = compress_ranks(rec.rank for rec in r.job.records)
+            text += f", {plural(len(r.job.records), 'record')} ({'ranks' if ',' in ranks or '-' in ranks else 'rank'} {shorten(ranks)})"
+        text += f" from {plural(len(r.job.sources), 'source')}, {plural(len(r.groups), 'group')}"
+        return self.paint(text, "title")
 
     def findings(self) -> List[str]:
         out: List[str] = []
