@@ -79,8 +79,6 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
 def _wrapper_only(recorder, t, n: int) -> None:
     """The recorder's own cost, without gloo's noise: the same wrapping around a no-op with
     all_reduce's signature (called with the default group, like dist.all_reduce(t))."""
-    import torch.distributed.distributed_c10d as c10d
-
     def all_reduce(tensor, op=None, group=None, async_op=False):
         return None
 

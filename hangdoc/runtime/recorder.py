@@ -92,8 +92,7 @@ _NOT_COMM = frozenset({
 class _Spec:
     """Per-function metadata computed once at wrap time, so the hot path does no introspection."""
 
-    __slots__ = ("op", "tensor", "group", "root", "root_is_src", "group_root", "async_op", "p2p", "objects", "always_async",
-                 "extract")
+    __slots__ = ("op", "tensor", "group", "root", "group_root", "async_op", "p2p", "objects", "always_async", "extract")
 
     def __init__(self, op: str, params: List[str]):
         def where(name: str) -> Optional[Tuple[int, str]]:
@@ -104,7 +103,6 @@ class _Spec:
         self.objects = self.tensor is not None and self.tensor[1] in _OBJECT_PARAMS
         self.group = where("group")
         self.root = next((where(n) for n in _ROOT_PARAMS if n in params), None)
-        self.root_is_src = self.root is not None and self.root[1] == "src"
         self.group_root = next((where(n) for n in _GROUP_ROOT_PARAMS if n in params), None)
         self.async_op = where("async_op")
         self.p2p = op in _P2P_OPS
@@ -176,15 +174,6 @@ _ISSUE_BODY = """
 
 #: torch.Tensor once torch is imported (enable() fills it): the exact-type fast path.
 _Tensor: List[Any] = [None]
-
-
-def _arg(args: tuple, kwargs: dict, where: Optional[Tuple[int, str]], default: Any = None) -> Any:
-    if where is None:
-        return default
-    i, name = where
-    if i < len(args):
-        return args[i]
-    return kwargs.get(name, default)
 
 
 _DTYPE_NAMES: Dict[Any, str] = {}
@@ -386,7 +375,7 @@ class Recorder:
         self.dumped_to = path
         return path
 
-    def _total_issued(self) -> int:  # seq counters are keyed by (group name, ranks)
+    def _total_issued(self) -> int:  # one seq counter per group name
         return sum(self._seq.values())
 
 
@@ -805,7 +794,7 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         True
         >>> recorder.disable()
     """
-    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _wait_original, _c10d_file
+    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _c10d_file
     if _recorder is not None:
         return _recorder
     try:
