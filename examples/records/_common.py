@@ -18,7 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # run from a checkout without installing
 
-import torch  # noqa: E402
+import torch  # noqa: E402,F401  (re-exported to the examples)
 import torch.distributed as dist  # noqa: E402
 
 from hangdoc.runtime import recorder  # noqa: E402
