@@ -88,7 +88,7 @@ def test_deep_stacks_and_processes_without_identity():
     job = Job(processes=[Process(threads=[Thread("1", "MainThread", deep, is_main=True)]), Process(pid=7)])
     out = render(build_report(job), "text", RenderOptions(show_plumbing=True))
     assert "r2999 (rec.py:2999)" in out
-    assert "1 process without rank" in out
+    assert "hangdoc: 2 processes (no rank) from 0 sources, 2 groups" in out
 
 
 def test_long_rank_sets_are_cut_in_the_middle_but_json_keeps_them():

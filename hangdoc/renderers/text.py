@@ -88,7 +88,7 @@ class Sets:
         return hit
 
     def who(self, groups: Sequence[Group], members: Optional[Sequence[Process]] = None) -> str:
-        """``ranks 0-3,5 on hosts node[1-2]``, ``rank 4 on host node1 pid 42``, ``2 processes without rank``."""
+        """``ranks 0-3,5 on hosts node[1-2]``, ``rank 4 on host node1 pid 42``, ``no rank, on hosts n[1-9]``."""
         ranks, hosts, unranked, n = self.of(groups)
         parents = self._parents[tuple(sorted(id(g) for g in groups))]
         parts: List[str] = []
@@ -105,7 +105,8 @@ class Sets:
             if parents:
                 parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
         elif unranked:
-            parts.append(f"and {unranked} without rank" if ranks else f"{unranked} {'process' if unranked == 1 else 'processes'} without rank")
+            # the count is always printed just before: say only that there is no rank
+            parts.append(f"and {unranked} without rank" if ranks else ("no rank," if hosts else "no rank"))
             if parents:
                 parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
         if hosts:
