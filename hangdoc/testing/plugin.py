@@ -637,8 +637,18 @@ def _divergence_text(by_rank: Dict[int, List[Any]], world_size: int, backend: st
 def _strip_runner(job) -> None:
     """Leave pytest's own frames (everything outside the test function) and the guard thread out
     of the stacks, so the verdict's tree starts at the test."""
+
+    def is_guard(t) -> bool:
+        return (t.name or "") == "hangdoc-testing-guard" or any(
+            f.function == "dump_for_parent" or f.file.replace("\\", "/").endswith("hangdoc/testing/procs.py")
+            for f in t.frames)
+
     for proc in job.processes:
-        proc.threads = [t for t in proc.threads if (t.name or "") != "hangdoc-testing-guard"]
+        proc.threads = [t for t in proc.threads if not is_guard(t)]
+        if proc.threads and not any(t.is_main for t in proc.threads):
+            # faulthandler marks the thread that dumped (the guard) as current: the test's is the main one
+            test = [t for t in proc.threads if any(f.function == "pytest_pyfunc_call" for f in t.frames)]
+            (test or proc.threads)[0].is_main = True
         for t in proc.threads:
             frames = t.frames
             cut = max((i for i, f in enumerate(frames) if f.function == "pytest_pyfunc_call"), default=-1)
@@ -662,6 +672,13 @@ def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
                     raw.append(f"---- rank {r} stacks ({'py-spy' if spy else 'faulthandler'}) ----\n" + trim_output(f.read()))
             except OSError:
                 pass
+    from hangdoc.ranges import describe_ranks
+
+    spied = hang["pyspy"]
+    others = [r for r in hang["alive"] if r not in spied]
+    how = "; ".join(
+        f"{describe_ranks(rs)} with {tool}" for rs, tool in ((spied, "py-spy"), (others, "faulthandler")) if rs
+    )
     try:
         from hangdoc.analysis import analyse
         from hangdoc.readers import read_paths
@@ -670,7 +687,7 @@ def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
         job = read_paths(paths)
         _strip_runner(job)
         report = analyse(job)
-        return "hangdoc verdict:\n" + render(report, "text").rstrip()
+        return f"hangdoc verdict (stacks of {how}):\n" + render(report, "text").rstrip()
     except Exception as e:  # the aggregator is optional here: fall back to the raw stacks
         why = f"(hangdoc aggregate unavailable: {type(e).__name__}: {e})"
         return why + "\n" + "\n".join(raw)
