@@ -144,39 +144,131 @@ def _is_worker(p: Process, w: Optional[Wait]) -> bool:
 # --- the analysis --------------------------------------------------------------------------------
 
 
+class _Bucket:
+    """Processes that share one :class:`Wait`: the same interned stack, thread state, status and role.
+
+    The rules work on buckets, not processes: a job of 131,072 ranks has a few dozen buckets, so
+    classifying, grouping by place and naming ranks costs per distinct stack, not per process.
+    """
+
+    __slots__ = ("wait", "procs", "ok", "worker", "launcher", "_ranks")
+
+    def __init__(self, wait: Wait, ok: bool, worker: bool, launcher: bool) -> None:
+        self.wait = wait
+        self.procs: List[Process] = []
+        self.ok = ok
+        self.worker = worker
+        self.launcher = launcher
+        self._ranks: Optional[List[int]] = None
+
+    @property
+    def ranks(self) -> List[int]:
+        if self._ranks is None:
+            self._ranks = [p.rank for p in self.procs if p.rank is not None]
+        return self._ranks
+
+
+def _buckets(processes: Iterable[Process]) -> List[_Bucket]:
+    """Every process in its bucket; :func:`wait_of` runs once per distinct (stack, state, status, role)."""
+    by_key: Dict[Tuple, _Bucket] = {}
+    for p in processes:
+        t = p.main_thread
+        frames = t.frames if t is not None else ()
+        # Interned stacks: equal raw dumps (locals included) share one tuple, so its id is the stack.
+        key: Tuple = (id(frames), t.state if t is not None else None, p.status, p.role)
+        b = by_key.get(key)
+        if b is None:
+            w = wait_of(p) if p.status == STATUS_OK else Wait("unknown")
+            launcher = p.role == ROLE_LAUNCHER or (p.role == "unknown" and t is not None and is_launcher_stack(frames))
+            b = by_key[key] = _Bucket(w, p.status == STATUS_OK, _is_worker(p, w), launcher)
+        if len(p.threads) > 1 and b.wait.category == "host-sync" and b.wait.op == "wait":
+            # wait_of looks at the other threads here (gloo's run loop names the op): per process.
+            w = wait_of(p)
+            if w != b.wait:
+                k2 = key + (w,)
+                b2 = by_key.get(k2)
+                if b2 is None:
+                    b2 = by_key[k2] = _Bucket(w, b.ok, b.worker, b.launcher)
+                b2.procs.append(p)
+                continue
+        b.procs.append(p)
+    # keep the buckets whose only members moved to a per-process bucket out
+    return [b for b in by_key.values() if b.procs]
+
+
+def _procs(buckets: Iterable[_Bucket]) -> List[Process]:
+    return [p for b in buckets for p in b.procs]
+
+
+def _count(buckets: Iterable[_Bucket]) -> int:
+    return sum(len(b.procs) for b in buckets)
+
+
 class _Analysis:
     def __init__(self, report: Report) -> None:
         self.report = report
         self.out: List[Finding] = []
-        procs = [p for p in report.job.processes if not _is_launcher(p)]
-        self.wait: Dict[int, Wait] = {}
-        for p in procs:
-            self.wait[id(p)] = wait_of(p) if p.status == STATUS_OK else Wait("unknown")
-        self.workers = [p for p in procs if _is_worker(p, self.wait[id(p)])]
-        worker_ids = {id(p) for p in self.workers}
-        self.ranks = [p for p in procs if id(p) not in worker_ids]
-        self.ok = [p for p in self.ranks if p.status == STATUS_OK]
-        self.not_ok = [p for p in procs if p.status != STATUS_OK]
+        buckets = [b for b in _buckets(report.job.processes) if not b.launcher]
+        self.all_b = buckets
+        self.worker_b = [b for b in buckets if b.worker]
+        self.rank_b = [b for b in buckets if not b.worker]
+        self.ok_b = [b for b in self.rank_b if b.ok]
+        self.workers = _procs(self.worker_b)
+        self.not_ok = _procs(b for b in buckets if not b.ok)
         self.missing = list(report.missing_ranks or [])
-        self.by_rank = {p.rank: p for p in self.ranks if p.rank is not None}
+        self._wait: Optional[Dict[int, Wait]] = None
+        self._by_rank: Optional[Dict[Optional[int], Process]] = None
+        self._evidence: Dict[Tuple[int, ...], List[str]] = {}
+
+    @property
+    def by_rank(self) -> Dict[Optional[int], Process]:
+        if self._by_rank is None:
+            self._by_rank = {p.rank: p for b in self.rank_b for p in b.procs if p.rank is not None}
+        return self._by_rank
 
     def w(self, p: Process) -> Wait:
-        return self.wait[id(p)]
+        """The wait of one process (for the rules that follow peers one process at a time)."""
+        if self._wait is None:
+            self._wait = {id(q): b.wait for b in self.all_b for q in b.procs}
+        return self._wait[id(p)]
 
-    def in_category(self, cats: Iterable[str], procs: Optional[Sequence[Process]] = None) -> List[Process]:
+    def in_category(self, cats: Iterable[str], among: Optional[Sequence[_Bucket]] = None) -> List[_Bucket]:
         cats = set(cats)
-        return [p for p in (self.ok if procs is None else procs) if self.w(p).category in cats]
+        return [b for b in (self.ok_b if among is None else among) if b.wait.category in cats]
 
-    def places(self, procs: Sequence[Process]) -> List[Tuple[Wait, List[Process]]]:
-        """Processes grouped by place (category, op, frame, call site), largest first."""
+    def places(self, buckets: Sequence[_Bucket]) -> List[Tuple[Wait, List[Process], List[_Bucket]]]:
+        """Buckets merged by place (category, op, frame, call site), largest first."""
+        merged: Dict[Tuple, Tuple[Wait, List[Process], List[_Bucket]]] = {}
+        for b in buckets:
+            slot = merged.get(b.wait.place(with_line=False))
+            if slot is None:
+                slot = merged[b.wait.place(with_line=False)] = (b.wait, [], [])
+            slot[1].extend(b.procs)
+            slot[2].append(b)
+        return sorted(merged.values(), key=lambda g: (-len(g[1]), g[0].describe()))
+
+    def who_b(self, buckets: Sequence[_Bucket]) -> str:
+        """:func:`who` of the buckets' processes, with each bucket's ranks collected once."""
+        if all(len(b.ranks) == len(b.procs) for b in buckets):
+            ranks = [r for b in buckets for r in b.ranks]
+            return describe_ranks(ranks) if ranks else "no process"
+        return who(_procs(buckets))
+
+    def evidence_lines(self, buckets: Sequence[_Bucket]) -> List[str]:
+        key = tuple(sorted(id(b) for b in buckets))
+        lines = self._evidence.get(key)
+        if lines is None:
+            lines = self._evidence[key] = [f"{self.who_b(bs)}: {w.describe()}" for w, _, bs in self.places(buckets)]
+        return list(lines)
+
+    def evidence_procs(self, procs: Sequence[Process]) -> List[str]:
+        """Evidence lines for a few processes (the p2p rules follow peers one process at a time)."""
         groups: Dict[Tuple, Tuple[Wait, List[Process]]] = {}
         for p in procs:
             w = self.w(p)
             groups.setdefault(w.place(with_line=False), (w, []))[1].append(p)
-        return sorted(((w, _sorted(ps)) for w, ps in groups.values()), key=lambda g: (-len(g[1]), g[0].describe()))
-
-    def evidence_lines(self, procs: Sequence[Process]) -> List[str]:
-        return [f"{who(ps)}: {w.describe()}" for w, ps in self.places(procs)]
+        ordered = sorted(groups.values(), key=lambda g: (-len(g[1]), g[0].describe()))
+        return [f"{who(ps)}: {w.describe()}" for w, ps in ordered]
 
     # -- the rules, in order ----------------------------------------------------------------------
 
@@ -192,8 +284,8 @@ class _Analysis:
             f.confidence = min(f.confidence, MAX_CONFIDENCE)
         return sorted(self.out, key=lambda f: -f.confidence)
 
-    def unresponsive(self, waiting: List[Process]) -> bool:
-        others = bool(waiting) and len(waiting) == len(self.ok)
+    def unresponsive(self, waiting: List[_Bucket]) -> bool:
+        others = bool(waiting) and _count(waiting) == _count(self.ok_b)
         by_status: Dict[str, List[Process]] = {}
         for p in self.not_ok:
             by_status.setdefault(p.status, []).append(p)
@@ -221,13 +313,13 @@ class _Analysis:
             self.out.append(Finding("unresponsive-process", summary, _culprits(procs), details, advice, conf))
         return bool(self.not_ok)
 
-    def missing_ranks(self, waiting: List[Process]) -> bool:
+    def missing_ranks(self, waiting: List[_Bucket]) -> bool:
         if not self.missing:
             return False
-        others = bool(waiting) and len(waiting) == len(self.ok)
+        others = bool(waiting) and _count(waiting) == _count(self.ok_b)
         ws = self.report.job.world_size
         summary = f"{describe_ranks(self.missing)} left no dump" + (f" (world size {ws})" if ws else "")
-        evidence = [f"dumps cover {who(self.ranks)}"] if self.ranks else []
+        evidence = [f"dumps cover {self.who_b(self.rank_b)}"] if self.rank_b else []
         if waiting:
             evidence += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
         advice = ["Check whether it is still running: its log, exit code, `dmesg` on its node (OOM killer), `ps` for its pid.",
@@ -237,25 +329,27 @@ class _Analysis:
         return True
 
     def dataloader_stall(self) -> bool:
-        dl = self.in_category(["dataloader-wait"])
-        if not dl:
+        dl_b = self.in_category(["dataloader-wait"])
+        if not dl_b:
             return False
-        dl_ids = {id(p) for p in dl}
-        others = [p for p in self.ok if id(p) not in dl_ids]
-        waiting_for_it = self.in_category(DISTRIBUTED, others)
+        dl = _procs(dl_b)
+        others_b = [b for b in self.ok_b if b not in dl_b]
+        waiting_b = self.in_category(DISTRIBUTED, others_b)
         pids = {(p.host, p.pid) for p in dl}
         ranks = {p.rank for p in dl if p.rank is not None}
-        own = [q for q in self.workers
-               if (q.ppid is not None and (q.host, q.ppid) in pids) or (q.parent_rank is not None and q.parent_rank in ranks)]
-        stuck = [q for q in own if q.status != STATUS_OK or self.w(q).detail not in ("idle", "")]
-        summary = f"{who(dl)} {'waits' if len(dl) == 1 else 'wait'} for a DataLoader batch at {self._site(dl)}"
-        if waiting_for_it:
-            summary += f"; {who(waiting_for_it)} {_s(waiting_for_it, 'waits', 'wait')} in collectives for {'it' if len(dl) == 1 else 'them'}"
-        evidence = self.evidence_lines(dl + others)
-        for q in _sorted(own):
+        own: List[Tuple[Process, Wait]] = [
+            (q, b.wait) for b in self.worker_b for q in b.procs
+            if (q.ppid is not None and (q.host, q.ppid) in pids) or (q.parent_rank is not None and q.parent_rank in ranks)]
+        stuck = [q for q, w in own if q.status != STATUS_OK or w.detail not in ("idle", "")]
+        summary = f"{who(dl)} {'waits' if len(dl) == 1 else 'wait'} for a DataLoader batch at {self._site(dl_b)}"
+        if waiting_b:
+            n = _count(waiting_b)
+            summary += f"; {self.who_b(waiting_b)} {'waits' if n == 1 else 'wait'} in collectives for {'it' if len(dl) == 1 else 'them'}"
+        evidence = self.evidence_lines(dl_b + others_b)
+        for q, w in sorted(own, key=lambda qw: qw[0].key):
             owner = f" of rank {q.parent_rank}" if q.parent_rank is not None else (f" of pid {q.ppid}" if q.ppid is not None else "")
             evidence.append(f"DataLoader worker{owner} ({q.host or '?'} pid {q.pid if q.pid is not None else '?'}): "
-                            f"{self.w(q).describe() if q.status == STATUS_OK else q.status}")
+                            f"{w.describe() if q.status == STATUS_OK else q.status}")
         if not own:
             evidence.append("no DataLoader worker process was dumped, so what the workers are stuck in is not shown")
         advice = [
@@ -266,12 +360,12 @@ class _Analysis:
             "`multiprocessing_context=\"spawn\"` / `\"forkserver\"` so workers do not inherit held locks.",
             "Give the loader a `timeout=` so a lost batch raises instead of hanging the job.",
         ]
-        conf = 0.8 if waiting_for_it else 0.6
+        conf = 0.8 if waiting_b else 0.6
         self.out.append(Finding("dataloader-stall", summary, _culprits(dl + stuck), evidence, advice, conf))
         return True
 
     def p2p(self) -> None:
-        p2p = self.in_category(["p2p"])
+        p2p = _procs(self.in_category(["p2p"]))
         if not p2p:
             return
         known = {p.rank: p for p in p2p if p.rank is not None and self.w(p).peer is not None and not self.w(p).peer_is_group_rank}
@@ -314,7 +408,7 @@ class _Analysis:
                         "p2p-cycle",
                         f"point-to-point cycle: {', '.join(arrow(x) for x in order)}",
                         _culprits(procs),
-                        self.evidence_lines(procs),
+                        self.evidence_procs(procs),
                         ["Each of these ranks waits for a send/recv of the next one, which waits in turn: reorder "
                          "the sends and recvs so one side sends first (or use `batch_isend_irecv` for both directions at once).",
                          "In pipeline schedules, check that stage k's recv order matches stage k±1's send order."],
@@ -347,7 +441,7 @@ class _Analysis:
                 "p2p-stall",
                 f"{who(waiting)} {'waits' if len(waiting) == 1 else 'wait'} on rank {end}, which {what}",
                 culprits,
-                self.evidence_lines(waiting + ([q] if q is not None and q.status == STATUS_OK else [])),
+                self.evidence_procs(waiting + ([q] if q is not None and q.status == STATUS_OK else [])),
                 [f"Find out why rank {end} does not reach the matching send/recv: the path it took instead is its stack above.",
                  _RECORDS_ADVICE],
                 0.6,
@@ -364,7 +458,7 @@ class _Analysis:
         sited = all(len(key) > 2 for key in groups)
         if sited and len(groups) > 1 and sizes[-1] >= 2:
             odd = [p for g in groups.values() if len(g) < sizes[-1] for p in g]
-        evidence = self.evidence_lines(procs)
+        evidence = self.evidence_procs(procs)
         if odd:
             summary = f"{who(procs)} {_s(procs, 'waits', 'wait')} in send/recv with unknown peers; {who(odd)} {'is' if len(odd) == 1 else 'are'} at call sites no other stage shares"
             conf = 0.5
@@ -394,13 +488,14 @@ class _Analysis:
         places = self.places(dist)
         loop_notes = self._loop_notes(places)
         if len(places) == 1 and not blocked:
-            (w, ps), = places
+            (w, ps, bs), = places
             if busy:
+                nb = _count(busy)
                 self.out.append(Finding(
                     "no-hang",
-                    f"{who(busy)} {_s(busy, 'is', 'are')} computing while {who(ps)} {_s(ps, 'waits', 'wait')} in {w.describe()}",
+                    f"{self.who_b(busy)} {'is' if nb == 1 else 'are'} computing while {self.who_b(bs)} {_s(ps, 'waits', 'wait')} in {w.describe()}",
                     [],
-                    self.evidence_lines(busy + ps) + loop_notes,
+                    self.evidence_lines(busy + bs) + loop_notes,
                     ["A running job looks like this too: take a second dump a minute later. If the same ranks are still "
                      f"computing at the same place, they are stuck there (an endless loop?) and the others wait for them."],
                     0.3,
@@ -408,14 +503,15 @@ class _Analysis:
                 return
             if explained or self.in_category(["p2p"]):
                 return  # the unresponsive/missing or p2p findings already say what they wait for
-            lines = sorted({self.w(p).frame.line for p in ps if self.w(p).frame is not None and self.w(p).frame.line is not None})
+            lines = sorted({b.wait.frame.line for b in bs if b.wait.frame is not None and b.wait.frame.line is not None})
             if len(lines) > 1:
                 # Blocked ranks all sit on the one line that waits; other lines mean some are still entering.
                 self.out.append(Finding(
                     "no-hang",
-                    f"{who(ps)} {_s(ps, 'is', 'are')} in {w.describe()}, at different lines inside {w.frame.function}: the job looks like it is moving",
+                    f"{self.who_b(bs)} {_s(ps, 'is', 'are')} in {w.describe()}, at different lines inside {w.frame.function}: the job looks like it is moving",
                     [],
-                    [f"{who([p for p in ps if self.w(p).frame.line == n])}: {w.frame.function} line {n}" for n in lines] + loop_notes,
+                    [f"{self.who_b([b for b in bs if b.wait.frame is not None and b.wait.frame.line == n])}: {w.frame.function} line {n}"
+                     for n in lines] + loop_notes,
                     ["Take a second dump a minute later: if every rank then sits on the same line of the collective, "
                      "read it as a collective-wait (the hang is below Python)."],
                     0.3,
@@ -425,7 +521,7 @@ class _Analysis:
                 "collective-wait",
                 f"every rank waits in {w.describe()}: the hang is below Python",
                 [],
-                [f"{who(ps)}: {w.describe()}"] + loop_notes + ([
+                [f"{self.who_b(bs)}: {w.describe()}"] + loop_notes + ([
                     "With NCCL, collectives run asynchronously: ranks block at the first host sync after them "
                     f"({w.op}), so the stacks show where the ranks noticed the hang, not which collective hangs; "
                     "the Flight Recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`) or the collective records show the "
@@ -440,39 +536,42 @@ class _Analysis:
             return
         self._mismatch(places, blocked, busy, loop_notes)
 
-    def _mismatch(self, places, blocked: List[Process], busy: List[Process], loop_notes: List[str]) -> None:
-        evidence = self.evidence_lines([p for _, ps in places for p in ps] + blocked + busy)
+    def _mismatch(self, places, blocked: List[_Bucket], busy: List[_Bucket], loop_notes: List[str]) -> None:
+        evidence = self.evidence_lines([b for _, _, bs in places for b in bs] + blocked + busy)
         advice: List[str] = []
-        waiting = [p for _, ps in places for p in ps]
+        waiting_b = [b for _, _, bs in places for b in bs]
+        nw = _count(waiting_b)
         if blocked:
-            culprits = blocked
-            summary = (f"{who(blocked)} {'is' if len(blocked) == 1 else 'are'} blocked outside any collective "
-                       f"({'; '.join(w.describe() for w, _ in self.places(blocked))}) while {who(waiting)} {_s(waiting, 'waits', 'wait')} in collectives")
+            culprits = _procs(blocked)
+            summary = (f"{self.who_b(blocked)} {'is' if len(culprits) == 1 else 'are'} blocked outside any collective "
+                       f"({'; '.join(w.describe() for w, _, _ in self.places(blocked))}) while {self.who_b(waiting_b)} "
+                       f"{'waits' if nw == 1 else 'wait'} in collectives")
             advice.append("Find out why the blocked ranks wait where they do (a lock held by another thread, a sleep, "
                           "a read from a file or socket): the others wait in the collective for them.")
             conf = 0.7
         else:
-            rooted = [(w, ps) for w, ps in places if w.op in ONE_TO_MANY]
+            rooted = [(w, ps, bs) for w, ps, bs in places if w.op in ONE_TO_MANY]
             if len(rooted) == 1:
-                w, ps = rooted[0]
-                moved = [p for x, qs in places if x is not w for p in qs]
+                w, ps, bs = rooted[0]
+                moved_b = [b for x, _, qs in places if x is not w for b in qs]
+                moved = _procs(moved_b)
                 culprits = moved
-                summary = (f"{who(ps)} {_s(ps, 'waits', 'wait')} in {w.describe()} while {who(moved)} "
+                summary = (f"{self.who_b(bs)} {_s(ps, 'waits', 'wait')} in {w.describe()} while {self.who_b(moved_b)} "
                            f"{_s(moved, 'is', 'are')} in other collectives: "
-                           f"{'' if len(moved) == 1 else 'one of '}{who(moved)} never joined the {w.op}")
+                           f"{'' if len(moved) == 1 else 'one of '}{self.who_b(moved_b)} never joined the {w.op}")
                 evidence.append(
                     f"Why not blame the ranks stuck in {w.op}: with gloo, the receivers of a {w.op} return as soon as they "
                     f"have the data while the root still waits for every receiver, so ranks that moved on include the one "
-                    f"that skipped it. Stacks cannot tell which of {who(moved)} that is; the collective records can.")
+                    f"that skipped it. Stacks cannot tell which of {self.who_b(moved_b)} that is; the collective records can.")
                 root = w.root
                 if root is not None:
                     evidence.append(f"the {w.op} root is rank {root} (from --locals)")
                 conf = 0.5
             else:
-                sizes = [len(ps) for _, ps in places]
+                sizes = [len(ps) for _, ps, _ in places]
                 biggest = max(sizes)
-                culprits = [p for _, ps in places if len(ps) < biggest for p in ps] if sizes.count(biggest) < len(sizes) else []
-                groups = "; ".join(f"{who(ps)} in {w.describe()}" for w, ps in places)
+                culprits = [p for _, ps, _ in places if len(ps) < biggest for p in ps] if sizes.count(biggest) < len(sizes) else []
+                groups = "; ".join(f"{self.who_b(bs)} in {w.describe()}" for w, _, bs in places)
                 summary = f"ranks wait in different collectives: {groups}"
                 evidence.append("Each side waits for the other to join its collective; the side that took a different code path "
                                 "is to blame" + (f", most likely the smaller one ({who(culprits)})" if culprits else
@@ -483,18 +582,18 @@ class _Analysis:
             advice.append("Look for a rank-dependent branch around these call sites (`if rank == ...`, an early `continue`/"
                           "`return`, data-dependent loop counts) that lets some ranks skip or add a collective.")
         if busy:
-            evidence.append(f"{who(busy)} {'is' if len(busy) == 1 else 'are'} computing (not blamed: a running rank may just be slow)")
+            evidence.append(f"{self.who_b(busy)} {'is' if _count(busy) == 1 else 'are'} computing (not blamed: a running rank may just be slow)")
         advice.append(_RECORDS_ADVICE)
         self.out.append(Finding("collective-mismatch", summary, _culprits(culprits), evidence + loop_notes, advice, conf))
 
     def _loop_notes(self, places) -> List[str]:
         notes = []
-        for w, ps in places:
+        for w, ps, bs in places:
             if len(ps) < 2 or w.call_site is None:
                 continue
             site = w.call_site
             known = in_loop(site.file, site.line) if site.file and site.line else None
-            head = f"{who(ps)} share the line {site.label()}"
+            head = f"{self.who_b(bs)} share the line {site.label()}"
             if known is True:
                 head += ", which is inside a loop"
             elif known is None:
@@ -507,28 +606,29 @@ class _Analysis:
         return notes
 
     def no_hang(self) -> None:
-        if not self.ok:
+        if not self.ok_b:
             return
         busy = self.in_category(["compute"])
-        busy_ids = {id(p) for p in busy}
-        local = [p for p in self.ok if id(p) not in busy_ids]
+        local = [b for b in self.ok_b if b not in busy]
         if local:
-            summary = f"no distributed hang signature: {who(local)} {_s(local, 'waits', 'wait')} locally, not on other ranks"
+            n = _count(local)
+            summary = f"no distributed hang signature: {self.who_b(local)} {'waits' if n == 1 else 'wait'} locally, not on other ranks"
         else:
             summary = "no hang signature: every process is busy"
         self.out.append(Finding(
             "no-hang",
             summary,
             [],
-            self.evidence_lines(self.ok),
+            self.evidence_lines(self.ok_b),
             ["If the job is stuck anyway, take dumps again a minute later and compare: ranks that stay at the same "
              "place are the ones to look at.", "Dump with `--native` to see C-level waits (a lock, `cudaStreamSynchronize`) that Python frames hide."],
             0.3,
         ))
 
-    def _site(self, procs: Sequence[Process]) -> str:
-        sites = sorted({(self.w(p).call_site or self.w(p).frame).label() for p in procs
-                        if (self.w(p).call_site or self.w(p).frame) is not None})
+    @staticmethod
+    def _site(buckets: Sequence[_Bucket]) -> str:
+        sites = sorted({(b.wait.call_site or b.wait.frame).label() for b in buckets
+                        if (b.wait.call_site or b.wait.frame) is not None})
         return ", ".join(sites) if sites else "an unknown place"
 
     @staticmethod
