@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     record.add_argument("--no-record", dest="record", action="store_false", help="no collective recorder, even with --hang-timeout")
     parser.add_argument("--hang-timeout", type=float, metavar="S", help="dump every thread's stack after S seconds without progress")
     parser.add_argument("--dump-signal", default="SIGUSR1", metavar="SIG", help="signal that dumps stacks at once (default SIGUSR1; 'none' for none)")
-    parser.add_argument("--detect", action="store_true", help="let torch check collectives across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL, Flight Recorder)")
+    parser.add_argument("--detect", action="store_true", help="catch a diverged collective while the job runs: rolling signatures compared through the store (turns the recorder on)")
+    parser.add_argument("--detect-policy", choices=("warn", "dump", "abort"), default=None, help="on a divergence: warn (log it, default), dump (also every rank's stacks and records), abort (raise at the next collective); implies --detect")
     # REMAINDER: everything after `-m MODULE` is the module's, as with `python -m`
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE", help="run a module (like python -m) instead of a script")
     parser.add_argument("script", nargs="?", help="the training script")
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         record=args.record,
         hang_timeout=args.hang_timeout,
         dump_signal=signal_name,
-        detect=args.detect,
+        detect=(args.detect_policy or "warn") if (args.detect or args.detect_policy) else False,
     )()
     return 0
 

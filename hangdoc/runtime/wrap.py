@@ -27,10 +27,11 @@ Options (all off except ``prefix``; what is off costs nothing and imports nothin
 ``dump_signal="SIGUSR1"``
     The signal that makes the watchdog dump at once (``None`` for none).
 ``detect=False``
-    Let torch check collectives itself: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (each collective's
-    op, shapes and dtypes are compared across ranks before it runs, so a mismatch fails fast with
-    a message instead of hanging) and the NCCL Flight Recorder dumping into the output directory
-    on a timeout. Set before torch.distributed reads them; variables you set yourself win.
+    Catch a diverged collective while the job runs (:mod:`hangdoc.runtime.detect`): ``True`` or
+    ``"warn"`` logs the rank that diverged, at which collective, both sides' calls; ``"dump"`` also
+    writes every rank's stacks and records; ``"abort"`` raises in every rank at its next
+    collective. Turns the recorder on. Also points the NCCL Flight Recorder's dumps into the output
+    directory (variables you set yourself win).
 
 The recorder, watchdog and tracer modules are imported only when asked for; a helper that cannot
 be imported or started (an ImportError, a tracer already running, an unwritable directory) is left
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -67,21 +67,33 @@ def _packages(trace: TraceOption) -> Union[None, str, List[str], bool]:
     return [p.strip() for p in trace if p and p.strip()]
 
 
-def _enable_detect(out_dir: str) -> None:
+def detect_policy(detect: Union[None, bool, str]) -> Optional[str]:
+    """The detector policy a ``detect`` option asks for; None when off.
+
+        >>> detect_policy(True), detect_policy("abort"), detect_policy(False)
+        ('warn', 'abort', None)
+    """
+    if detect is None or detect is False or detect == "":
+        return None
+    if detect is True:
+        return "warn"
+    policy = str(detect).lower()
+    if policy not in ("warn", "dump", "abort"):
+        raise ValueError(f"detect must be True, 'warn', 'dump' or 'abort', not {detect!r}")
+    return policy
+
+
+def _enable_detect(out_dir: str, policy: str) -> Any:
     env = os.environ
-    env.setdefault("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "20000")
+    # The Flight Recorder costs nothing until a timeout; its dumps belong with hangdoc's files.
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "20000")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     dump_prefix = os.path.join(out_dir, "nccl_trace_rank_")
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", dump_prefix)
     env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump_prefix)
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        # torch.distributed read TORCH_DISTRIBUTED_DEBUG when it was imported: have it read again.
-        try:
-            dist.set_debug_level_from_env()
-        except Exception as e:
-            warnings.warn(f"hangdoc: detect: could not apply TORCH_DISTRIBUTED_DEBUG: {e}", RuntimeWarning, stacklevel=3)
+    from hangdoc.runtime import detect
+
+    return detect.start(policy, out_dir=out_dir)
 
 
 class Helpers:
@@ -92,6 +104,7 @@ class Helpers:
         self.tracer: Any = None
         self.watchdog: Any = None
         self.recorder: Any = None
+        self.detector: Any = None
 
     def start(
         self,
@@ -104,12 +117,13 @@ class Helpers:
         record: Optional[bool] = None,
         hang_timeout: Optional[float] = None,
         dump_signal: Union[str, int, None] = "SIGUSR1",
-        detect: bool = False,
+        detect: Union[None, bool, str] = False,
     ) -> "Helpers":
         # A helper that fails to start must not take the job down: warn and run without it.
         if prefix:
             self._try("output prefix", self._start_prefix, prefix_template)
         packages = _packages(trace)
+        policy = detect_policy(detect)
         if record is None:
             record = hang_timeout is not None
         if not (detect or record or hang_timeout is not None or packages is not False):
@@ -121,12 +135,12 @@ class Helpers:
         except OSError as e:
             warnings.warn(f"hangdoc: output directory unusable ({e}); running without files", RuntimeWarning, stacklevel=3)
             return self
-        if detect:
-            self._try("detect", _enable_detect, out_dir)
         if hang_timeout is not None:
             self._try("watchdog", self._start_watchdog, hang_timeout, out_dir, dump_signal, record)
         elif record:
             self._try("recorder", self._start_recorder, out_dir)
+        if policy is not None:
+            self._try("detect", self._start_detect, out_dir, policy)
         if packages is not False:
             # Started last, so that hangdoc's own start-up is not in the trace.
             self._try("trace", self._start_tracer, packages, log_pids, out_dir)
@@ -154,6 +168,9 @@ class Helpers:
 
         self.recorder = recorder.enable(out_dir=out_dir)
 
+    def _start_detect(self, out_dir: str, policy: str) -> None:
+        self.detector = _enable_detect(out_dir, policy)
+
     def _start_tracer(self, packages: Any, log_pids: bool, out_dir: str) -> None:
         from hangdoc.runtime.nicertrace import NicerTrace
 
@@ -168,6 +185,11 @@ class Helpers:
 
             self._try("watchdog stop", watchdog.stop)
             self.watchdog = None
+        if self.detector is not None:
+            from hangdoc.runtime import detect
+
+            self._try("detect stop", detect.stop)
+            self.detector = None
         # The recorder stays on: it dumps its records at exit, which is what a post-mortem needs.
         if restore_prefix and self.restore_prefix is not None:
             self.restore_prefix()
@@ -185,7 +207,7 @@ def wrap(
     record: Optional[bool] = None,
     hang_timeout: Optional[float] = None,
     dump_signal: Union[str, int, None] = "SIGUSR1",
-    detect: bool = False,
+    detect: Union[None, bool, str] = False,
 ) -> Callable[..., Any]:
     """Return a callable that runs ``main(*args, **kwargs)`` with the helpers the options ask for.
 
@@ -200,6 +222,7 @@ def wrap(
         prefix=prefix, prefix_template=prefix_template, trace=trace, log_pids=log_pids, out=out,
         record=record, hang_timeout=hang_timeout, dump_signal=dump_signal, detect=detect,
     )
+    detect_policy(detect)  # a bad value fails here, not inside the job
     if main is None:
         return lambda fn: wrap(fn, **options)  # type: ignore[arg-type]
 
