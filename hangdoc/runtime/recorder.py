@@ -168,6 +168,9 @@ _ISSUE_BODY = """
     site = (hit[0], frame.f_lasti) if not hit[1] else _call_site(frame)
     rec = (seq, {op!r}, info, shapes, dtypes, root, peer, {always_async} or bool(async_op),
            site, stream, ph, _time(), None, "issued")
+    det = _state._detect
+    if det is not None and not {p2p}:  # hangdoc.runtime.detect: rolling signature digests
+        det(key, {op!r}, shapes, dtypes, root, rec)
     rec_obj._buf.append(rec)
     return rec, first
 """
@@ -394,6 +397,10 @@ _internal_prefixes: Tuple[str, ...] = ()
 _c10d_file = ""
 _groups: Dict[Any, Tuple[str, Tuple[int, ...]]] = {}  # pg (or None) -> (name, global ranks)
 _c10d: Any = None
+#: hangdoc.runtime.detect's hook, called with each collective's signature (None: off), and the
+#: exceptions it may raise that must reach the caller (its abort) instead of being contained.
+_detect: Optional[Callable[..., None]] = None
+_PASS_THROUGH: Tuple[type, ...] = ()
 
 
 def _report(e: BaseException) -> None:
@@ -615,6 +622,8 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
             if hit[1] == 2:  # called by another c10d function (broadcast_object_list -> broadcast)
                 return fn(*args, **kwargs)
             rec, first = issue(args, kwargs, frame, hit)
+        except _PASS_THROUGH:
+            raise
         except Exception as e:
             _report(e)
             return fn(*args, **kwargs)
