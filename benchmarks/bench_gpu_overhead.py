@@ -2,7 +2,8 @@
 
 Four configurations, each a fresh 2-rank torchrun job, run one after the other in the same command
 and repeated in alternation (so drift hits all of them alike):
-(a) nothing, (b) Flight Recorder on (TORCH_FR_BUFFER_SIZE), (c) hangdoc recorder on, (d) both.
+(a) nothing, (b) Flight Recorder on (TORCH_FR_BUFFER_SIZE), (c) hangdoc recorder on, (d) both,
+and (c') hangdoc's recorder with a CUDA event per call instead of the backend's Work.
 Each job times a loop of small (4 KB) and medium (64 MB) all_reduce and a small DDP training step.
 
     python benchmarks/bench_gpu_overhead.py            # driver: runs the jobs, prints the table
@@ -24,6 +25,8 @@ CONFIGS = {
     "none": {},
     "flight-recorder": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"},
     "hangdoc": {"HANGDOC_BENCH_RECORD": "1"},
+    # the same recorder completing synchronous CUDA calls with a CUDA event of its own per call
+    "hangdoc-events": {"HANGDOC_BENCH_RECORD": "1", "HANGDOC_CUDA_COMPLETION": "event"},
     "both": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "HANGDOC_BENCH_RECORD": "1"},
 }
 
@@ -69,6 +72,12 @@ def worker(out: str) -> None:
         opt.step()
 
     timed_loop("DDP step (us/step)", 300, train_step)
+    if os.environ.get("HANGDOC_BENCH_RECORD"):
+        time.sleep(0.1)
+        rec = recorder.get()
+        results["hangdoc records"] = len(rec.records())
+        results["hangdoc pending after sync"] = len(rec.pending())
+        results["hangdoc markers"] = sorted({type(m).__name__ for q in rec._events.values() for m, _ in q})
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
@@ -94,6 +103,7 @@ def driver(repeats: int) -> None:
             subprocess.run(cmd, env=env, check=True, timeout=300, stdout=subprocess.DEVNULL)
             with open(out) as f:
                 samples[config].append(json.load(f))
+            print(f"rep {rep} {config}: " + json.dumps(samples[config][-1]), flush=True)
     metrics = list(samples["none"][0])
     print(f"{'metric':28s}" + "".join(f"{c:>17s}" for c in CONFIGS))
     medians = {c: {m: statistics.median(s[m] for s in samples[c]) for m in metrics} for c in CONFIGS}
@@ -110,8 +120,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", metavar="OUT")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset, in this order")
     a = ap.parse_args()
     if a.worker:
         worker(a.worker)
     else:
+        for name in list(CONFIGS):
+            if name not in a.configs.split(","):
+                del CONFIGS[name]
         driver(a.repeats)

@@ -57,7 +57,7 @@ def pyspy(pid: int, *flags: str) -> str:
         return f"Error: py-spy dump of {pid} timed out\n"
 
 
-def capture(name: str, out: str, use_hangdoc: bool, hang_wait: float, nccl_timeout: float) -> None:
+def capture(name: str, out: str, use_hangdoc: bool, hang_wait: float, nccl_timeout: float, fr_wait: float) -> None:
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "fr"), exist_ok=True)
     env = dict(os.environ)
@@ -71,6 +71,8 @@ def capture(name: str, out: str, use_hangdoc: bool, hang_wait: float, nccl_timeo
         NCCL_NVLS_ENABLE="0",
         TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
         NVSHMEM_DISABLE_NVLS="1",
+        # the ranks run in examples/gpu: hangdoc comes from this checkout
+        PYTHONPATH=os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(HERE)), os.environ.get("PYTHONPATH")) if p),
     )
     script = os.path.join(HERE, name + ".py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
@@ -91,7 +93,7 @@ def capture(name: str, out: str, use_hangdoc: bool, hang_wait: float, nccl_timeo
                         f.write(pyspy(pid, *flags))
                         f.write("\n")
             # wait for the NCCL timeout's Flight Recorder dump, bounded
-            deadline = time.time() + nccl_timeout + 25
+            deadline = time.time() + fr_wait
             while time.time() < deadline and proc.poll() is None:
                 if len(os.listdir(os.path.join(d, "fr"))) >= 2:
                     time.sleep(3)
@@ -112,11 +114,14 @@ def main() -> int:
     ap.add_argument("--hangdoc", action="store_true", help="run through python -m hangdoc --record --hang-timeout 8")
     ap.add_argument("--hang-wait", type=float, default=20.0)
     ap.add_argument("--nccl-timeout", type=float, default=30.0)
+    ap.add_argument("--fr-wait", type=float, default=None, help="seconds to wait for Flight Recorder dumps after the stacks (default: NCCL timeout + 25)")
+    ap.add_argument("--no-archive", action="store_true")
     ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
     a = ap.parse_args()
     for name in a.scenarios:
-        capture(name, a.out, a.hangdoc, a.hang_wait, a.nccl_timeout)
-    shutil.make_archive(a.out.rstrip("/") + "-captures", "gztar", a.out)
+        capture(name, a.out, a.hangdoc, a.hang_wait, a.nccl_timeout, a.fr_wait if a.fr_wait is not None else a.nccl_timeout + 25)
+    if not a.no_archive:
+        shutil.make_archive(a.out.rstrip("/") + "-captures", "gztar", a.out)
     return 0
 
 

@@ -30,6 +30,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -111,7 +112,8 @@ class _Spec:
 
 
 def _make_extractor(spec: "_Spec") -> Callable[[tuple, dict, Any], tuple]:
-    """``issue(args, kwargs, frame) -> (record, first tensor)`` specialised for one function.
+    """``issue(args, kwargs, frame) -> (record, first tensor)`` specialised for one function
+    (for a CUDA tensor, ``(stream name, stream object)`` instead of the tensor).
 
     Generated once per function at wrap time: argument positions become constant indexes and the
     common cases (one tensor, a user frame calling directly) are inlined, so the hot path makes no
@@ -130,6 +132,7 @@ def _make_extractor(spec: "_Spec") -> Callable[[tuple, dict, Any], tuple]:
     ns: Dict[str, Any] = dict(
         _groups=_groups, _group_info=_group_info, _tensor_meta=_tensor_meta, _phase=_phase, _Tensor=_Tensor,
         _call_site=_call_site, _internal_code=_internal_code, _stream_of=_stream_of, _time=time.time,
+        _streams=_STREAMS, _cur_stream=_CUR_STREAM,
         _state=sys.modules[__name__],
     )
     exec("\n".join(lines), ns)  # noqa: S102 - the source is built from parameter names only
@@ -164,7 +167,13 @@ _ISSUE_BODY = """
     ph = _phase[0]
     if ph is None and _state._graph_task_id() != -1:
         ph = "backward"
-    stream = _stream_of(first) if first is not None and first.is_cuda else None
+    if first is not None and first.is_cuda:
+        # (name, stream object) of the caller's current stream, cached per raw stream tuple:
+        # one C call per record instead of torch.cuda.current_stream()'s Python.
+        first = _streams.get(_cur_stream[0](first.get_device())) or _stream_of(first)
+        stream = first[0]
+    else:
+        stream = None
     site = (hit[0], frame.f_lasti) if not hit[1] else _call_site(frame)
     rec = (seq, {op!r}, info, shapes, dtypes, root, peer, {always_async} or bool(async_op),
            site, stream, ph, _time(), None, "issued")
@@ -177,6 +186,8 @@ _ISSUE_BODY = """
 
 #: torch.Tensor once torch is imported (enable() fills it): the exact-type fast path.
 _Tensor: List[Any] = [None]
+#: torch.cuda.Event once a CUDA stream was seen: completion markers are events or Work objects.
+_Event: List[Any] = [None]
 
 
 _DTYPE_NAMES: Dict[Any, str] = {}
@@ -278,7 +289,8 @@ class Recorder:
         lo, hi = 0, len(marks)  # marks[:lo] known complete, marks[hi:] known incomplete
         while lo < hi:
             mid = (lo + hi) // 2
-            if entries[marks[mid]][0].query():
+            m = entries[marks[mid]][0]
+            if (m.query() if type(m) is _Event[0] else m.is_completed()):
                 lo = mid + 1
             else:
                 hi = mid
@@ -287,7 +299,7 @@ class Recorder:
         done = [entries.popleft() for _ in range(marks[lo - 1] + 1)]
         pool = self._event_pool
         for ev, _rec in done:
-            if ev is not None and len(pool) < 1024:
+            if type(ev) is _Event[0] and len(pool) < 1024:
                 pool.append(ev)
         self._complete_many([rec for _ev, rec in done])
 
@@ -310,19 +322,29 @@ class Recorder:
         self._progress += len(todo)
         self._last_t1 = t1
 
-    def _track_cuda(self, rec: tuple, first: Any) -> None:
+    def _track_cuda(self, rec: tuple, stream: Tuple[str, Any]) -> None:
         key = rec[_STREAM]
         entries = self._events.get(key)
         if entries is None:
             entries = self._events[key] = collections.deque()
         n = len(entries)
-        ev = None
-        if n < 64 or rec[_SEQ] % 16 == 0:
-            ev = self._event_pool.pop() if self._event_pool else _new_event()
-            # Event.record() looks the current stream up through Python (microseconds); the
-            # stream object of this name was cached when the name was first seen.
-            _record_event(ev, _STREAM_OBJS[(first.get_device(), key)])
-        entries.append((ev, rec))
+        cap = _capture
+        caught = cap[2]
+        if caught is not None and caught[0] is rec:
+            # The backend's Work for this call: its end event is already recorded (NCCL), so
+            # completion costs no CUDA call of ours. Work.is_completed() never blocks.
+            cap[2] = None
+            entries.append((caught[1], rec))
+        else:
+            if cap[0] is rec:
+                cap[0] = None
+            ev = None
+            if n < 64 or rec[_SEQ] % 16 == 0:
+                ev = self._event_pool.pop() if self._event_pool else _new_event()
+                # Event.record() looks the current stream up through Python (microseconds); the
+                # stream object was cached when the stream was first seen.
+                _record_event(ev, stream[1])
+            entries.append((ev, rec))
         if n >= 32 and rec[_SEQ] % 32 == 0:
             self._sweep_stream(entries)
 
@@ -546,33 +568,45 @@ def _tensor_meta(value: Any, objects: bool) -> Tuple[tuple, tuple, Any]:
 
 
 _STREAM_NAMES: Dict[int, str] = {}
-#: (device, stream name) -> torch.cuda.Stream, for recording events without a Python lookup.
-_STREAM_OBJS: Dict[Tuple[int, str], Any] = {}
+#: raw current-stream tuple (id, device, type) -> (stream name, torch.cuda.Stream): the CUDA hot
+#: path's one lookup (the tuple comes from one C call; the Stream object records events).
+_STREAMS: Dict[tuple, Tuple[str, Any]] = {}
+#: torch._C._cuda_getCurrentStream once torch is imported with CUDA (a list: the generated issue()
+#: functions hold the list, so enable() can fill it later).
+_CUR_STREAM: List[Callable[[int], tuple]] = [lambda device: ()]
 _new_event: Callable[[], Any] = lambda: None
 _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
+#: How synchronous CUDA calls are seen completed: "work" (the backend's own Work, caught in the
+#: Work.wait() that c10d calls for a synchronous call; NCCL already records its end event, so this
+#: adds no CUDA call; a CUDA event when no Work shows up) or "event" (a pooled CUDA event per call).
+_CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "work")
+#: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
+_capture: List[Any] = [None, 0, None]
 
 
-def _stream_of(tensor: Any) -> Optional[str]:
-    """``default`` or ``stream<id>``: the caller's current stream on the tensor's device.
+def _stream_of(tensor: Any) -> Tuple[str, Any]:
+    """``(name, stream)``: the caller's current stream on the tensor's device (``default`` or
+    ``stream<id>``), first sight of a stream only; later calls hit ``_STREAMS``.
 
     Stream ids are assigned in creation order, so the same program names the same streams alike
     on every rank; the name is what the misplacement check compares.
     """
-    if tensor is None or not getattr(tensor, "is_cuda", False):
-        return None
     import torch
 
     global _new_event, _record_event
     device = tensor.get_device()
-    sid = torch._C._cuda_getCurrentStream(device)[0]
+    raw = torch._C._cuda_getCurrentStream(device)
+    sid = raw[0]
     name = _STREAM_NAMES.get(sid)
     if name is None:
         name = _STREAM_NAMES[sid] = "default" if sid == 0 else f"stream{sid}"
-    if (device, name) not in _STREAM_OBJS:
-        _STREAM_OBJS[(device, name)] = torch.cuda.current_stream(device)
-        _new_event = torch.cuda.Event
-        _record_event = torch._C._CudaEventBase.record
-    return name
+    entry = _STREAMS[raw] = (name, torch.cuda.Stream(stream_id=raw[0], device_index=raw[1], device_type=raw[2]))
+    _CUR_STREAM[0] = torch._C._cuda_getCurrentStream
+    _new_event = _Event[0] = torch.cuda.Event
+    _record_event = torch._C._CudaEventBase.record
+    if _CUDA_COMPLETION == "work":
+        _install_wait()
+    return entry
 
 
 def _issue(spec: _Spec, args: tuple, kwargs: dict, frame: Any) -> Tuple[tuple, Any]:
@@ -629,6 +663,9 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
             return fn(*args, **kwargs)
         if rec is None:
             return fn(*args, **kwargs)
+        if rec[_STREAM] is not None and not rec[_ASYNC] and _wait_original is not None:
+            _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
+            _capture[1] = _get_ident()
         try:
             result = fn(*args, **kwargs)
         except BaseException:
@@ -663,6 +700,7 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
 
 
 _time = time.time
+_get_ident = threading.get_ident
 def _wrap_batch(fn: Callable) -> Callable:
     """batch_isend_irecv: one record per P2POp (peer as global rank), completed with its Work."""
     @functools.wraps(fn)
@@ -735,6 +773,10 @@ def _wrap_group_maker(fn: Callable) -> Callable:
 
 
 def _work_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+    cap = _capture
+    if cap[0] is not None and cap[1] == _get_ident():
+        cap[2] = (cap[0], self)
+        cap[0] = None
     result = _wait_original(self, *args, **kwargs)  # type: ignore[misc]
     r = _recorder
     if r is not None and r._works:
@@ -845,6 +887,8 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         return None
     _groups.clear()
     _recorder = rec
+    if _STREAMS and _CUDA_COMPLETION == "work":  # streams seen by an earlier enable(): no first sight again
+        _install_wait()
     atexit.register(_dump_at_exit)
     return rec
 
@@ -894,6 +938,7 @@ def disable() -> None:
     if _wait_original is not None and _c10d is not None:
         _c10d.Work.wait = _wait_original
         _wait_original = None
+    _capture[:] = [None, 0, None]
     try:
         atexit.unregister(_dump_at_exit)
     except Exception:
