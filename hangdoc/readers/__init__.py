@@ -213,46 +213,27 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
 
     last = 0
     tag_start = _TAG_PREFIX.strip()
+    # Fast path: frame lines of the un-prefixed channel (nearly every line of a dump) go straight
+    # to its parser's sink; msink/mindent mirror main.parser's and are refreshed after any other line.
+    msink: Optional[List[str]] = None
+    mindent = "\x00"
     for first, block in chunks(path, ctx, fileobj):
         lineno = first - 1
         for line in block:
             lineno += 1
+            if msink is not None and line.startswith(mindent):
+                msink.append(line)
+                continue
             if line[:1] == "[":
                 ch, text = _channel_for(channels, line)
             else:
                 ch, text = main, line
-            parser = ch.parser
-            if parser is not None:
-                sink = parser.sink
-                if sink is not None and text.startswith(parser.indent):
-                    sink.append(text)
-                    continue
-                try:
-                    if parser.feed(lineno, text):
-                        continue
-                except Exception as e:
-                    ctx.error(lineno, f"could not read this line: {type(e).__name__}: {e}")
-                    continue
-                close(ch)
-            if text[:1] == "#" and text.startswith(tag_start):
-                fields = parse_tag(text)
-                if fields is not None:
-                    tags.append((ch, lineno, fields))
-                    ch.tag_line = lineno
-                continue
-            if ch.tag_line and text.startswith("Error: "):
-                # right after a tag line, any "Error: ..." is the dumper's (hangdoc dump writes the
-                # reasons no dumper could read the process this way)
-                new = _pyspy.PySpyParser(ctx, lineno, after_tag=True)
+            _dispatch(ctx, ch, lineno, text, close, tags, failures, tag_start)
+            mp = main.parser
+            if mp is not None and mp.sink is not None:
+                msink, mindent = mp.sink, mp.indent
             else:
-                new = _detect(ctx, lineno, text)
-            if new is not None or text.strip():
-                ch.tag_line = 0
-            if new is not None:
-                new.feed(lineno, text)
-                ch.parser = new
-            elif text[:2] == "  " and text[2:3].isalpha():
-                _elastic_failure_line(text, failures)
+                msink = None
         last = lineno
     for ch in channels.values():
         close(ch)
@@ -283,6 +264,43 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     _tie_workers_by_order(procs)
     ctx.finish()
     return procs
+
+
+def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Callable[[_Channel], None],
+              tags: List[Tuple[_Channel, int, Dict[str, str]]], failures: List[Dict[str, object]], tag_start: str) -> None:
+    """One line of one channel: to its active parser, or the start of a block, a tag, or nothing."""
+    parser = ch.parser
+    if parser is not None:
+        sink = parser.sink
+        if sink is not None and text.startswith(parser.indent):
+            sink.append(text)
+            return
+        try:
+            if parser.feed(lineno, text):
+                return
+        except Exception as e:
+            ctx.error(lineno, f"could not read this line: {type(e).__name__}: {e}")
+            return
+        close(ch)
+    if text[:1] == "#" and text.startswith(tag_start):
+        fields = parse_tag(text)
+        if fields is not None:
+            tags.append((ch, lineno, fields))
+            ch.tag_line = lineno
+        return
+    if ch.tag_line and text.startswith("Error: "):
+        # right after a tag line, any "Error: ..." is the dumper's (hangdoc dump writes the
+        # reasons no dumper could read the process this way)
+        new: Optional[BlockParser] = _pyspy.PySpyParser(ctx, lineno, after_tag=True)
+    else:
+        new = _detect(ctx, lineno, text)
+    if new is not None or text.strip():
+        ch.tag_line = 0
+    if new is not None:
+        new.feed(lineno, text)
+        ch.parser = new
+    elif text[:2] == "  " and text[2:3].isalpha():
+        _elastic_failure_line(text, failures)
 
 
 _ELASTIC_RE = re.compile(r"^  (host|rank|exitcode)\s+: (.*?)\s*$")
@@ -693,6 +711,13 @@ def load_rank_map(path: str) -> Dict[str, int]:
 
 
 def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
+    """``{"host:pid": rank}`` with str keys and int ranks; raises ValueError on a rank that is no integer.
+
+    >>> normalize_rank_map({"n1:42": "3", 43: {"rank": 4}})
+    {'n1:42': 3, '43': 4}
+    """
+    if all(type(v) is int for v in data.values()) and all(type(k) is str for k in data):
+        return data  # type: ignore[return-value]  # already normal (load_rank_map's output): no copy
     out: Dict[str, int] = {}
     for k, v in data.items():
         if isinstance(v, dict):

@@ -93,13 +93,21 @@ _PYSPY_ERROR_MARKS = ("Failed to get stack traces", "Failed to suspend process",
 
 
 class PySpyParser(BlockParser):
-    """One process of plain py-spy output (the dispatcher starts a new parser per ``Process`` line)."""
+    """Plain py-spy output: one process, or several back to back (``pgrep | xargs py-spy dump``).
+
+    A ``Process`` line after a complete process starts the next one in the same parser: one
+    parser per block of processes rather than one per process (131,072 of them in a big job).
+    """
 
     format = FORMAT
     indent = "    "
 
     def __init__(self, ctx: FileContext, lineno: int, after_tag: bool = False) -> None:
         super().__init__(ctx, lineno)
+        self._done: List[Process] = []
+        self._start(lineno, after_tag)
+
+    def _start(self, lineno: int, after_tag: bool) -> None:
         #: a tag line came just before: whatever error follows is the dumper's
         self.after_tag = after_tag
         self.process = Process(format=FORMAT, source_line=lineno)
@@ -134,11 +142,15 @@ class PySpyParser(BlockParser):
             self._end_thread()
             return True
         if line.startswith("Process "):
-            if self._seen_header or self.threads or self._thread or self._in_error:
-                return False  # the next process
             m = _PROCESS_RE.match(line)
             if not m:
                 return False
+            if self._seen_header or self.threads or self._thread or self._in_error:
+                if self._in_error and not self._seen_header:
+                    return False  # a headerless error: close() decides whether it is py-spy's
+                # the next process of the same block
+                self._finish()
+                self._start(lineno, False)
             self._seen_header = True
             self.process.pid = int(m.group(1))
             self.process.command = self.ctx.interner.string(m.group(2).strip())
@@ -219,6 +231,11 @@ class PySpyParser(BlockParser):
         return tuple(frames)
 
     def close(self) -> List[Process]:
+        self._finish()
+        return self._done
+
+    def _finish(self) -> None:
+        """The current process is complete: keep it (or drop it when it is no py-spy output)."""
         self._end_thread()
         p = self.process
         p.threads = self.threads
@@ -226,7 +243,7 @@ class PySpyParser(BlockParser):
             if not self._seen_header and not self.after_tag:
                 text = "\n".join(self._error_lines)
                 if not any(m in text for m in _PYSPY_ERROR_MARKS):
-                    return []
+                    return
             p.status = STATUS_UNRESPONSIVE
             p.status_detail = self._error_lines[0]
             p.meta["error"] = "\n".join(self._error_lines[:40])
@@ -237,7 +254,7 @@ class PySpyParser(BlockParser):
                 p.status_detail += "; the process is stopped (ptrace saw a SIGSTOP group-stop)"
         elif not self.threads:
             if not self._seen_header:
-                return []
+                return
             p.status = STATUS_UNRESPONSIVE
             p.status_detail = "py-spy printed no threads"
         if p.pid is None and self.threads:
@@ -248,7 +265,7 @@ class PySpyParser(BlockParser):
             for t in self.threads:
                 if p.pid is not None and t.ident == str(p.pid):
                     t.is_main = True
-        return [p]
+        self._done.append(p)
 
 
 def _with_locals(frame: Frame, pairs: List[Tuple[str, str]]) -> Frame:
