@@ -226,7 +226,9 @@ class ParallelRead:
                 code = 1
                 try:
                     os.close(r)
-                    data = _encode(_read_files(share))
+                    from hangdoc.readers import read_files
+
+                    data = _encode(read_files(share))
                     with os.fdopen(w, "wb") as out:
                         out.write(data)
                     code = 0
@@ -244,10 +246,10 @@ class ParallelRead:
                 return read_paths(list(self.paths), rank_map=self.rank_map, progress=progress)
             except TypeError:  # a readers build without the progress hook
                 return read_paths(list(self.paths), rank_map=self.rank_map)
-        from hangdoc.readers import finish_job
+        from hangdoc.readers import finish_job, read_files
 
         try:
-            job = _read_files(self.mine, progress, len(self.files))
+            job = read_files(self.mine, progress, len(self.files))
             stacks: Dict[tuple, tuple] = {}
             for pid, r, share in self.helpers:
                 data = _read_all(r)
@@ -260,7 +262,7 @@ class ParallelRead:
                     except Exception:  # a helper's garbled answer: read its files here instead
                         pass
                 if not decoded:
-                    more = _read_files(share)
+                    more = read_files(share)
                     job.processes.extend(more.processes)
                     job.sources.extend(more.sources)
                     job.records.extend(more.records)
@@ -275,28 +277,6 @@ class ParallelRead:
                     pass
         finish_job(job, self.rank_map)
         return job
-
-
-def _read_files(files, progress=None, total: int = 0):
-    """The readers' per-file loop, without the cross-file step (``read_paths`` minus ``finish_job``)."""
-    from hangdoc.model import Job, ParseError, Source
-    from hangdoc.readers import Interner, read_file
-
-    job = Job()
-    interner = Interner()
-    for i, (path, named) in enumerate(files):
-        if progress is not None:
-            progress(i, total or len(files), path)
-        if not os.path.exists(path):
-            job.sources.append(Source(path, errors=[ParseError(path, 0, "no such file or directory")]))
-            continue
-        try:
-            source = read_file(path, named, job, interner)
-        except Exception as e:  # never a traceback from hangdoc: one error for the file, go on
-            source = Source(path, errors=[ParseError(path, 0, f"could not read: {type(e).__name__}: {e}")])
-        if source is not None:
-            job.sources.append(source)
-    return job
 
 
 def _process_fields() -> List[str]:
