@@ -193,6 +193,8 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
     found: List[Divergence] = []
     streams: List[StreamMismatch] = []
     history: Counter = Counter()
+    # (previous signature, signature) over agreed columns: what a loop body issues after what.
+    follows: Counter = Counter()
     column = 0
     guard = sum(len(v) for v in sigs.values()) * 2 + 10
     while active and guard > 0:
@@ -203,8 +205,11 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             break
         counts = Counter(here.values())
         n_top = max(counts.values())
-        # Ties (two ranks, say) leave no majority: the side that repeats what its call site always
-        # issued before wins; failing that, the lowest rank's side, flagged ambiguous.
+        # Ties (two ranks, say) leave no majority: the side that continues the way earlier
+        # iterations went on from the previous op wins (in a loop that issues all_reduce then
+        # broadcast, the rank that skipped the broadcast is the one issuing all_reduce twice);
+        # then the side that repeats what its call site always issued before; failing that, the
+        # lowest rank's side, flagged ambiguous.
         top = here[min(r for r, s in here.items() if counts[s] == n_top)]
         basis = "majority"
         if sum(1 for c in counts.values() if c == n_top) > 1:
@@ -212,7 +217,8 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             for r, sg in here.items():
                 if counts[sg] == n_top:
                     x = per_rank[r][pos[r]]
-                    fam[sg] = max(fam.get(sg, 0), history[(x.call_site, sg)])
+                    prev = sigs[r][pos[r] - 1] if pos[r] else None
+                    fam[sg] = max(fam.get(sg, (0, 0)), (follows[(prev, sg)], history[(x.call_site, sg)]))
             best = max(fam.values())
             winners = [sg for sg, f in fam.items() if f == best]
             if len(winners) == 1:
@@ -223,6 +229,7 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             _check_streams(name, column, {r: per_rank[r][pos[r]] for r in here}, streams)
             for r in here:
                 history[(per_rank[r][pos[r]].call_site, here[r])] += 1
+                follows[(sigs[r][pos[r] - 1] if pos[r] else None, here[r])] += 1
                 pos[r] += 1
             column += 1
             continue
@@ -233,7 +240,11 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             finished = [r for r in ended if _went_elsewhere(per_rank[r])]
             waiting = [r for r in ended if r not in finished]
             active.difference_update(waiting)  # blocked at an earlier op: fallout, not a cause
-            if finished and len(finished) >= len(here):
+            # Two ranks, one went elsewhere, one waits in an op the loop always issues next: the
+            # waiting rank is on the expected path, the one that went elsewhere is missing.
+            expected = len(finished) == len(here) and all(
+                follows[(sigs[r][pos[r] - 1] if pos[r] else None, here[r])] for r in here)
+            if finished and len(finished) >= len(here) and not expected:
                 # Most ranks issued nothing more here: the ones that did are the odd ones out.
                 for r in sorted(here):
                     found.append(_extra_at_end(name, column, per_rank, r, pos[r], finished))
