@@ -58,6 +58,24 @@ class Divergence:
 
 
 @dataclass
+class Lag:
+    """Ranks that are merely behind in ``group``: what they issued there is a prefix of what the others
+    issued, their last op completed, and the others wait (pending) in ``waiting_in``, the op they
+    have not reached. Not a divergence: the records cannot say why they are behind (a DataLoader
+    batch, a lock, a slow step); their stacks can.
+    """
+
+    group: str
+    ranks: List[int]
+    #: the op the other ranks are blocked in and these ranks never issued.
+    waiting_in: CollectiveRecord
+    #: the ranks blocked in ``waiting_in``.
+    waiting: List[int]
+    index: int
+    summary: str
+
+
+@dataclass
 class StreamMismatch:
     group: str
     index: int
@@ -192,6 +210,7 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
     active = set(per_rank)
     found: List[Divergence] = []
     streams: List[StreamMismatch] = []
+    lags: List[Lag] = []
     history: Counter = Counter()
     # (previous signature, signature) over agreed columns: what a loop body issues after what.
     follows: Counter = Counter()
@@ -240,6 +259,19 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             finished = [r for r in ended if _went_elsewhere(per_rank[r])]
             waiting = [r for r in ended if r not in finished]
             active.difference_update(waiting)  # blocked at an earlier op: fallout, not a cause
+            blocked_here = sorted(r for r in here if per_rank[r][pos[r]].state == "issued")
+            if finished and blocked_here:
+                # The finished ranks issued a prefix of what the others issued, and the others wait in
+                # the next op for them: they are behind, not diverging (no different op, nothing after).
+                exp = per_rank[blocked_here[0]][pos[blocked_here[0]]]
+                lags.append(Lag(name, sorted(finished), exp, blocked_here, column,
+                                f"{describe_ranks(finished)} {'has' if len(finished) == 1 else 'have'} not issued "
+                                f"{_what(exp)} that {describe_ranks(blocked_here)} {'waits' if len(blocked_here) == 1 else 'wait'} "
+                                f"in at {site(exp)}: {'its' if len(finished) == 1 else 'their'} last op in group {name} "
+                                f"completed and {'it' if len(finished) == 1 else 'they'} issued nothing after it "
+                                f"(behind, blocked outside collectives)"))
+                active.difference_update(finished)
+                finished = []
             # Two ranks, one went elsewhere, one waits in an op the loop always issues next: the
             # waiting rank is on the expected path, the one that went elsewhere is missing.
             expected = len(finished) == len(here) and all(
@@ -273,7 +305,23 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             if r in here:
                 pos[r] += 1
         column += 1
-    return found, streams
+    return found, streams, lags
+
+
+def lags(records: Iterable[CollectiveRecord]) -> List[Lag]:
+    """Ranks that are behind (a prefix of the others' sequence) while the others wait for them.
+
+    >>> from hangdoc.model import CollectiveRecord as R
+    >>> recs = [R(rank=r, seq=i, op="all_reduce", state="completed" if i < 2 or r == 1 else "issued")
+    ...         for r in range(3) for i in range(3 if r != 1 else 2)]
+    >>> [(x.ranks, x.waiting, x.waiting_in.seq) for x in lags(recs)], divergences(recs)
+    ([([1], [0, 2], 2)], [])
+    """
+    out: List[Lag] = []
+    groups = collectives(records)
+    for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
+        out.extend(_align_group(name, _trim_start(groups[name]))[2])
+    return out
 
 
 def _went_elsewhere(lst: List[CollectiveRecord]) -> bool:
@@ -411,6 +459,10 @@ def wait_for(records: Iterable[CollectiveRecord]) -> Tuple[Dict[Node, List[Node]
             n = next((i for i, x in enumerate(mine) if x is rec), len(mine))
             if len(theirs) <= n:  # the peer has not posted the matching half yet
                 waits.extend(targets(rec.peer))
+            elif _stuck_behind(theirs[n], blocked):
+                # Posted, but queued behind an older op the peer is blocked in: NCCL runs a pair's
+                # sends and receives in order, so it cannot start (both pipeline stages receive first).
+                waits.append(_node(theirs[n]))
         elif rec.op not in P2P_OPS:
             n = index_in_group.get(id(rec), 0)
             members = rec.group_ranks or tuple(sorted(coll.get(rec.group, {})))
@@ -421,6 +473,15 @@ def wait_for(records: Iterable[CollectiveRecord]) -> Tuple[Dict[Node, List[Node]
                     waits.extend(targets(q))
         edges[node] = waits
     return edges, blocked
+
+
+def _stuck_behind(rec: CollectiveRecord, blocked: Dict[Node, CollectiveRecord]) -> bool:
+    """True when ``rec`` is pending on a CUDA stream (or an NCCL Flight Recorder entry) behind an
+    older pending op of the same stream: in-order execution keeps it from starting."""
+    if rec.state != "issued" or (rec.stream is None and rec.origin != "flight-recorder"):
+        return False
+    head = blocked.get(_node(rec))
+    return head is not None and head is not rec
 
 
 def cycles(records: Iterable[CollectiveRecord]) -> List[Cycle]:
