@@ -345,8 +345,8 @@ def partners(me: int, ranks: Sequence[int], extra: int = 0) -> List[int]:
     """The ranks of a group that ``me`` reads: its pair partner (index ^ 1), and with ``extra``
     more, index ^ 2, ^ 4, ... and the partner's: O(1) per period, O(log n) on a disagreement.
 
-        >>> partners(5, list(range(8))), partners(5, list(range(8)), extra=3)
-        ([4], [4, 7, 6, 1])
+        >>> partners(5, list(range(8))), partners(5, list(range(8)), extra=3), partners(1, [0, 1, 2])
+        ([4], [4, 7, 6, 1], [0, 2])
     """
     n = len(ranks)
     if me not in ranks or n < 2:
@@ -354,6 +354,8 @@ def partners(me: int, ranks: Sequence[int], extra: int = 0) -> List[int]:
     i = ranks.index(me)
     j = i ^ 1 if (i ^ 1) < n else i - 1
     out = [ranks[j]]
+    if n % 2 and i == n - 2:
+        out.append(ranks[n - 1])  # the odd one out has no pair of its own: its reader is here
     bit = 2
     while extra and bit < 2 * n:
         for k in (i ^ bit, j ^ bit):
@@ -361,6 +363,12 @@ def partners(me: int, ranks: Sequence[int], extra: int = 0) -> List[int]:
                 out.append(ranks[k])
                 extra -= 1
         bit <<= 1
+    for k in sorted(range(n), key=lambda k: abs(k - i)):  # small or odd groups: the nearest others
+        if not extra:
+            break
+        if ranks[k] != me and ranks[k] not in out:
+            out.append(ranks[k])
+            extra -= 1
     return out
 
 
@@ -430,7 +438,8 @@ class Node:
 
         for name, g in sorted(mine["g"].items(), key=lambda kv: (kv[0] != "default_pg", kv[0])):
             ranks = list(self.ranks_of(name))
-            for p in partners(self.rank, ranks):
+            base = partners(self.rank, ranks)
+            for p in base:
                 other = pub_of(p)
                 og = (other or {}).get("g", {}).get(name)
                 if og is None:
@@ -439,7 +448,7 @@ class Node:
                 if diff is None:
                     continue
                 pubs = {self.rank: g, p: og}
-                for q in partners(self.rank, ranks, extra=OPINIONS)[1:]:
+                for q in partners(self.rank, ranks, extra=OPINIONS)[len(base):]:
                     qg = (pub_of(q) or {}).get("g", {}).get(name)
                     if qg is not None:
                         pubs[q] = qg

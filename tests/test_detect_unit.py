@@ -1,0 +1,177 @@
+"""The detector's digests, publications and verdicts, without processes (hypothesis for invariants)."""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Sequence, Tuple
+
+from hypothesis import given, settings, strategies as st
+
+from hangdoc.runtime import detect
+
+SIGS = [
+    ("all_reduce", ((8,),), ("float32",), None),
+    ("all_reduce", ((6,),), ("float32",), None),
+    ("broadcast", ((8,),), ("float32",), 0),
+    ("broadcast", ((8,),), ("float32",), 1),
+    ("all_gather", ((4,), (4,)), ("float16", "float16"), None),
+    ("barrier", (), (), None),
+]
+sig_lists = st.lists(st.sampled_from(range(len(SIGS))), min_size=1, max_size=400)
+
+
+def rank_pub(rank: int, sig_ids: Sequence[int], ranks: Tuple[int, ...], sites: Sequence[int] = ()) -> Dict:
+    """What ``rank`` publishes after issuing ``sig_ids`` in one group (through the real hook)."""
+    dg = detect.Digests()
+    for i, k in enumerate(sig_ids):
+        op, shapes, dtypes, root = SIGS[k]
+        site = sites[i] if i < len(sites) else k
+        rec = (i, op, ("default_pg", ranks), shapes, dtypes, root, None, False, site)
+        dg.hook("default_pg", op, shapes, dtypes, root, rec)
+    pub = detect.snapshot(dg, rank, lambda rec: (f"{rec[1]}{list(rec[3])}", f"train.py:{rec[8]}"))
+    return json.loads(json.dumps(pub))["g"].get("default_pg", {})  # as it travels through the store
+
+
+def test_digest_is_order_sensitive_and_stable():
+    a = detect.digest_of([SIGS[0], SIGS[2]])
+    assert a == detect.digest_of([SIGS[0], SIGS[2]]) != detect.digest_of([SIGS[2], SIGS[0]])
+    # the hot path's digest is the same as the reference one
+    pub = rank_pub(0, [0, 2], (0, 1))
+    assert int(pub["d"], 16) == a and pub["n"] == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(sig_lists, st.integers(0, 400), st.integers(0, 400))
+def test_equal_sequences_are_never_flagged(ids, cut_a, cut_b):
+    """Two ranks that issued the same calls, one further than the other: never a difference."""
+    a = rank_pub(0, ids[: min(cut_a, len(ids))], (0, 1))
+    b = rank_pub(1, ids[: min(cut_b, len(ids))], (0, 1))
+    assert detect.first_difference(a, b) is None
+    assert detect.first_difference(b, a) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(sig_lists, st.data())
+def test_a_changed_call_is_found_at_its_index(ids, data):
+    k = data.draw(st.integers(0, len(ids) - 1))
+    other = data.draw(st.sampled_from([s for s in range(len(SIGS)) if s != ids[k]]))
+    bad = list(ids)
+    bad[k] = other
+    extra = data.draw(st.integers(0, 5))  # the deviant may have gone on further
+    a = rank_pub(0, ids, (0, 1, 2))
+    b = rank_pub(1, bad + [0] * extra, (0, 1, 2))
+    diff = detect.first_difference(a, b)
+    assert diff is not None
+    index, exact = diff
+    if len(ids) - k <= detect.WINDOW:  # within the published window: exact
+        assert (index, exact) == (k, True)
+    else:  # further back: bounded by a checkpoint, never later than the truth allows
+        assert index >= k
+
+
+@settings(max_examples=40, deadline=None)
+@given(sig_lists, st.data())
+def test_majority_names_the_deviant_whatever_the_labels(ids, data):
+    """Relabelling the ranks relabels the verdict: the odd one out is named, not a fixed rank."""
+    k = data.draw(st.integers(max(0, len(ids) - detect.WINDOW), len(ids) - 1))
+    other = data.draw(st.sampled_from([s for s in range(len(SIGS)) if s != ids[k]]))
+    labels = data.draw(st.permutations([0, 1, 2, 3]))
+    deviant = labels[data.draw(st.integers(0, 3))]
+    pubs = {}
+    for r in labels:
+        seq = list(ids)
+        if r == deviant:
+            seq[k] = other
+        pubs[r] = rank_pub(r, seq, (0, 1, 2, 3))
+    v = detect.decide("default_pg", pubs, k, True)
+    assert v is not None and v.deviants == [deviant] and v.basis == "majority"
+    assert v.agreeing == sorted(set(labels) - {deviant})
+    assert v.deviant_entry[1].startswith(SIGS[other][0]) and v.agreeing_entry[1].startswith(SIGS[ids[k]][0])
+
+
+def test_two_ranks_tie_break_as_sequence_does():
+    # rank 0 goes on with the call it always made there; rank 1 makes a new one: rank 1 is named
+    loop = [0, 2] * 5
+    a = rank_pub(0, loop + [0, 2], (0, 1), sites=[30, 31] * 6)
+    b = rank_pub(1, loop + [0, 1], (0, 1), sites=[30, 31] * 5 + [30, 44])
+    v = detect.decide("default_pg", {0: a, 1: b}, 11, True)
+    assert (v.deviants, v.basis) == ([1], "history")
+    v = detect.decide("default_pg", {1: b, 0: a}, 11, True)
+    assert (v.deviants, v.basis) == ([1], "history")
+    # a skipped broadcast: both sides issue a familiar call; nothing decides: the higher rank named
+    a = rank_pub(0, loop + [0, 2], (0, 1), sites=[30, 31] * 6)
+    b = rank_pub(1, loop + [0, 0], (0, 1), sites=[30, 31] * 5 + [30, 30])
+    v = detect.decide("default_pg", {0: a, 1: b}, 11, True)
+    assert (v.deviants, v.agreeing, v.basis) == ([1], [0], "tie")
+    assert v.summary.startswith("rank 1 diverged from rank 0 in default_pg at collective #11: all_reduce[(8,)] at train.py:30 "
+                                "vs broadcast[(8,)] at train.py:31")
+
+
+def test_partners_cover_every_rank_with_constant_reads():
+    for n in (2, 3, 5, 8, 1024):
+        ranks = list(range(100, 100 + n))
+        readers: Dict[int, List[int]] = {r: [] for r in ranks}
+        for r in ranks:
+            ps = detect.partners(r, ranks)
+            assert 1 <= len(ps) <= 2 and r not in ps
+            for p in ps:
+                readers[p].append(r)
+            more = detect.partners(r, ranks, extra=detect.OPINIONS)
+            assert more[:len(ps)] == ps and len(more) == len(set(more)) and r not in more
+            assert len(more) == min(n - 1, len(ps) + detect.OPINIONS)
+        assert all(readers[r] for r in ranks), "a rank nobody compares with"
+        assert max(len(v) for v in readers.values()) <= 2
+    assert detect.partners(7, [1, 2]) == []
+
+
+class _DictStore:
+    def __init__(self) -> None:
+        self.kv: Dict[str, bytes] = {}
+        self.ops = 0
+
+    def set(self, key, value):
+        self.ops += 1
+        self.kv[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        self.ops += 1
+        return self.kv.get(key)
+
+    def add(self, key, n):
+        self.ops += 1
+        v = int(self.kv.get(key, b"0")) + n
+        self.kv[key] = str(v).encode()
+        return v
+
+
+def test_nodes_publish_at_a_bounded_rate_and_find_the_deviant():
+    store = _DictStore()
+    ranks = tuple(range(6))
+    digests = {r: detect.Digests() for r in ranks}
+    nodes = {r: detect.Node(r, store, lambda name: ranks) for r in ranks}
+
+    def issue(r, k, i):
+        op, shapes, dtypes, root = SIGS[k]
+        digests[r].hook("default_pg", op, shapes, dtypes, root, (i, op, ("default_pg", ranks), shapes, dtypes, root, None, False, k))
+
+    describe = lambda rec: (rec[1], f"t.py:{rec[8]}")  # noqa: E731
+    found = []
+    now = 0.0
+    for step in range(40):  # 10 simulated seconds, ticks of 0.25 s, 10 collectives per tick
+        for r in ranks:
+            for j in range(10):
+                i = step * 10 + j
+                issue(r, 3 if (r == 4 and i == 205) else i % 3, i)
+        now += 0.25
+        for r in ranks:
+            v = nodes[r].tick(now, digests[r].total(), lambda quiet, r=r: detect.snapshot(digests[r], r, describe, quiet))
+            if v is not None:
+                found.append((now, r, v))
+    writes = sum(n.writes for n in nodes.values())
+    assert writes <= len(ranks) * 10 + len(ranks)  # ≤ 1 write per rank per second
+    assert found and all(v.deviants == [4] for _, _, v in found)
+    first = found[0][2]
+    assert (first.index, first.exact, first.agreeing) == (205, True, [0, 1, 3, 5])
+    # later looks, once the call has left the published window, still name rank 4 (bounded index)
+    assert all(v.index >= 205 and (v.exact or v.index > 205) for _, _, v in found)
+    assert found[0][0] <= 5.125 + 1.5  # seconds after the divergent call
