@@ -9,7 +9,11 @@ Reads ``report.job.records`` (the recorder's JSONL files, Flight Recorder dumps)
 * ``stream-misplacement``: an aligned collective issued on another CUDA stream (or phase) by a
   minority of ranks;
 * ``missing-rank``: a rank the records' world size implies but that left no record and no stack;
-* ``collective-wait``: every rank of a group sits in the same collective and none completed it.
+* ``collective-wait``: every rank of a group sits in the same collective and none completed it; or
+  some ranks wait in a collective for ranks that are merely *behind* (they issued a prefix of the
+  others' sequence and nothing after it): that is no divergence, and the records cannot say why
+  they are behind, so the finding stays below the stack verdicts (at most 0.7) and names the
+  ranks that are behind as culprits only when their stacks show them blocked outside collectives.
 
 Record verdicts are exact, so they carry a higher confidence (0.9-0.95) than stack-only findings
 (at most 0.8) and become the headline. One finding per verdict: later ops are fallout, summarised in
@@ -39,6 +43,10 @@ CONFIDENCE_TIE = 0.85
 CONFIDENCE_MISSING = 0.9
 CONFIDENCE_HISTORY = 0.9
 CONFIDENCE_ALL_WAIT = 0.6
+#: ranks behind, their stacks show them blocked elsewhere (a DataLoader wait, a lock): a candidate.
+CONFIDENCE_LAG_STACKS = 0.7
+#: ranks behind, no stack says why: the others wait for them, no more.
+CONFIDENCE_LAG = 0.5
 
 
 def _culprits(report: Report, ranks: List[int]) -> List[Culprit]:
@@ -169,9 +177,43 @@ def findings(report: Report) -> List[Finding]:
             confidence=CONFIDENCE_STREAM,
         ))
 
+    out.extend(_lag_findings(report, records, pending_ev))
     out.extend(_missing_ranks(report, records))
     if not out:
         out.extend(_all_waiting(report, records))
+    return out
+
+
+def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: List[str]) -> List[Finding]:
+    from hangdoc.analysis.signatures import DISTRIBUTED, wait_of
+
+    out = []
+    for lag in sequence.lags(records):
+        x = lag.waiting_in
+        stacks = {}
+        for p in report.job.processes:
+            if p.rank in lag.ranks and p.role != "dataloader-worker" and p.rank not in stacks:
+                stacks[p.rank] = wait_of(p)
+        elsewhere = sorted(r for r, w in stacks.items() if w.category not in DISTRIBUTED and w.category != "unknown")
+        evidence = [lag.summary]
+        evidence += [f"rank {r}'s stack: {stacks[r].describe()}" for r in sorted(stacks)]
+        if elsewhere:
+            evidence.append(f"the stacks show {describe_ranks(elsewhere)} blocked outside collectives: "
+                            f"that is what the others wait for")
+        else:
+            evidence.append("no stack shows why they are behind (dump them: `hangdoc dump`, `py-spy dump`); being "
+                            "behind alone blames nobody")
+        out.append(Finding(
+            kind="collective-wait",
+            summary=(f"{describe_ranks(lag.waiting)} {'waits' if len(lag.waiting) == 1 else 'wait'} in {x.op} #{x.seq} "
+                     f"({sequence.site(x)}) for {describe_ranks(lag.ranks)}, which {'is' if len(lag.ranks) == 1 else 'are'} "
+                     f"behind and never issued it"),
+            culprits=_culprits(report, elsewhere),
+            evidence=evidence + pending_ev,
+            advice=[f"Find out where {describe_ranks(lag.ranks)} {'is' if len(lag.ranks) == 1 else 'are'} instead: its "
+                    f"stack (a DataLoader wait, a lock, a sleep, a slow step) says why the {x.op} never comes."],
+            confidence=CONFIDENCE_LAG_STACKS if elsewhere else CONFIDENCE_LAG,
+        ))
     return out
 
 
