@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
-from hangdoc.model import Finding, Report
+from hangdoc.model import Culprit, Finding, Report
+from hangdoc.ranges import describe_ranks
 
 Rule = Callable[[Report], Iterable[Finding]]
 
@@ -26,18 +27,32 @@ def _load(spec: str) -> Rule:
     return getattr(importlib.import_module(module), name)
 
 
+#: what each rule's findings are based on, for the evidence of a merged finding.
+_ORIGIN = {
+    "hangdoc.analysis.stack_rules:findings": "stacks",
+    "hangdoc.analysis.record_rules:findings": "collective records",
+}
+#: kinds whose culprits add up across rules (each rule names processes the other did not see).
+_ADDITIVE = frozenset({"missing-rank", "unresponsive-process"})
+
+
 def diagnose(report: Report) -> List[Finding]:
     found: List[Finding] = []
+    origins: Dict[int, str] = {}
     for spec in RULES:
         try:
             rule = _load(spec)
         except (ImportError, AttributeError):
             continue  # a rule module not present in this build
         try:
-            found.extend(rule(report))
+            got = list(rule(report))
         except Exception as e:  # one broken rule must not hide the others' verdicts
             print(f"hangdoc: rule {spec} failed: {type(e).__name__}: {e}", file=sys.stderr)
-    found = merge(found)
+            continue
+        for f in got:
+            origins[id(f)] = _ORIGIN.get(spec, spec)
+        found.extend(got)
+    found = merge(found, origins)
     if not found:
         found = [
             Finding(
@@ -50,8 +65,64 @@ def diagnose(report: Report) -> List[Finding]:
     return found
 
 
-def merge(found: List[Finding]) -> List[Finding]:
-    """Sort by confidence (stable), and drop a ``no-hang`` when any other finding exists."""
+def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> List[Finding]:
+    """Sort by confidence (stable), drop a ``no-hang`` when any other finding exists, and fold
+    findings of one kind from different rules (``origins``: ``id(finding)`` → what it rests on) into one.
+
+    The folded finding is the more confident one (records are exact, stacks are not): it keeps its
+    culprits and gains the other's summary and distinct evidence; when the other pointed at different
+    processes, the evidence says so. Findings of one rule are never folded together (the record rules
+    report one divergence per process group on purpose).
+
+    >>> from hangdoc.model import Culprit
+    >>> rec = Finding("collective-mismatch", "rank 2 skipped broadcast #3", [Culprit(rank=2)], ["rank 2 never issued it"], confidence=0.95)
+    >>> stk = Finding("collective-mismatch", "rank 0 waits in broadcast", [Culprit(rank=1), Culprit(rank=2)], ["rank 0: broadcast"], confidence=0.5)
+    >>> [m] = merge([stk, rec], {id(rec): "collective records", id(stk): "stacks"})
+    >>> m.summary, [c.rank for c in m.culprits]
+    ('rank 2 skipped broadcast #3', [2])
+    >>> m.evidence[1:]
+    ['the stacks alone said: rank 0 waits in broadcast (pointing at ranks 1-2, not only at rank 2)', 'rank 0: broadcast']
+    """
     real = [f for f in found if f.kind != "no-hang"]
-    keep = real if real else found
-    return sorted(keep, key=lambda f: -f.confidence)
+    keep = sorted(real if real else found, key=lambda f: -f.confidence)
+    if not origins:
+        return keep
+    out: List[Finding] = []
+    best: Dict[str, Finding] = {}
+    for f in keep:
+        head = best.get(f.kind)
+        if head is None or origins.get(id(head)) == origins.get(id(f)):
+            if head is None:
+                best[f.kind] = f
+            out.append(f)
+            continue
+        _fold(head, f, origins.get(id(f), "another rule"))
+    return out
+
+
+def _who(culprits: List[Culprit]) -> str:
+    ranks = [c.rank for c in culprits if c.rank is not None]
+    rest = [c for c in culprits if c.rank is None]
+    parts = [describe_ranks(ranks)] if ranks else []
+    parts += [f"pid {c.pid}" + (f" on {c.host}" if c.host else "") for c in rest[:3]]
+    if len(rest) > 3:
+        parts.append(f"… and {len(rest) - 3} more")
+    return ", ".join(parts) or "nobody"
+
+
+def _fold(head: Finding, other: Finding, origin: str) -> None:
+    """Fold ``other`` (same kind, another rule, less confident) into ``head``."""
+    def key(c: Culprit):
+        return ("rank", c.rank) if c.rank is not None else ("process", c.host, c.pid)
+
+    mine = {key(c) for c in head.culprits}
+    theirs = {key(c) for c in other.culprits}
+    note = f"the {origin} alone said: {other.summary}"
+    if head.kind in _ADDITIVE:
+        head.culprits.extend(c for c in other.culprits if key(c) not in mine)
+    elif theirs and theirs != mine:
+        note += f" (pointing at {_who(other.culprits)}, not only at {_who(head.culprits)})" if mine <= theirs else \
+            f" (pointing at {_who(other.culprits)} instead)"
+    have = set(head.evidence)
+    head.evidence.append(note)
+    head.evidence.extend(e for e in other.evidence if e not in have)
