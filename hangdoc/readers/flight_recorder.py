@@ -200,8 +200,10 @@ def _record(e: Dict[str, Any], rank: int, ranks_of: Dict[str, Tuple[int, ...]]) 
         peer = ranks[other] if ranks and 0 <= other < len(ranks) else other
     seq = int(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"])
     state = str(e.get("state", ""))
-    # gloo leaves finished entries "scheduled" but retired; NCCL marks them "completed".
-    done = state == "completed" or bool(e.get("retired"))
+    # gloo leaves finished entries "scheduled" but retired; NCCL marks them "completed", and its
+    # watchdog also retires an entry that timed out or was aborted, never completed.
+    nccl = str(e.get("profiling_name", "")).startswith("nccl:")
+    done = state == "completed" or (bool(e.get("retired")) and not nccl)
     created = e.get("time_created_ns")
     completed = e.get("time_discovered_completed_ns")
     return CollectiveRecord(
