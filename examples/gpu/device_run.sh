@@ -40,6 +40,11 @@ if [ -n "${DETECT_CMD:-}" ]; then
   tail -40 /tmp/detect/run.log
   tar czf "$OUT/detect.tgz" -C /tmp detect
 fi
+echo "== recorder alone $(date +%T)"
+for mode in work event; do
+  HANGDOC_CUDA_COMPLETION=$mode timeout 75 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9
+  echo "bench_recorder $mode rc $?"
+done
 echo "== bench $(date +%T)"
 timeout "${BENCH_TIMEOUT:-260}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-3}"
 echo "bench rc $?"
