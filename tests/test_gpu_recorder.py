@@ -1,0 +1,77 @@
+"""The recorder's CUDA completion logic, exercised on CPU: a tensor that says it is on CUDA, a fake
+stream and fake events, real gloo Work objects. On a GPU host examples/gpu/recorder_fidelity.py
+checks the same against NCCL (see docs/gpu.md)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent('''
+    import json, os, socket, sys
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    import torch, torch.distributed as dist
+    from hangdoc.runtime import recorder as R
+    dist.init_process_group("gloo")
+
+    class OnCuda(torch.Tensor):  # the recorder's view only: gloo still runs it on CPU
+        is_cuda = property(lambda s: True)
+        __torch_function__ = torch._C._disabled_torch_function_impl
+        def get_device(self): return 0
+
+    class Event:
+        def __init__(self): self.done = False
+        def query(self): return self.done
+
+    recorded = []
+    R._CUR_STREAM[0] = lambda device: (3, 0, 1)
+    R._STREAMS[(3, 0, 1)] = ("stream3", "stream-object")
+    R._Event[0] = R._new_event = Event
+    R._record_event = lambda ev, stream: recorded.append((ev, stream))
+    R._CUDA_COMPLETION = sys.argv[1]
+    rec = R.enable()
+    if sys.argv[1] == "work":
+        R._install_wait()
+    t = torch.ones(4).as_subclass(OnCuda)
+    for _ in range(40):
+        dist.all_reduce(t)
+    markers = sorted({type(m).__name__ for q in rec._events.values() for m, _ in q})
+    pending_before = len(rec.pending())
+    for ev, _ in recorded:
+        ev.done = True
+    out = {"markers": markers, "events": len(recorded), "pending_before": pending_before,
+           "pending_after": len(rec.pending()), "progress": rec.progress,
+           "streams": sorted({r.stream for r in rec.records()}),
+           "stream_objects": sorted({s for _, s in recorded})}
+    R.disable()
+    dist.destroy_process_group()
+    print(json.dumps(out))
+''')
+
+
+def run(mode):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=60, env=env,
+                       cwd=ROOT, start_new_session=True)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_work_mode_uses_the_backends_work_and_records_no_event():
+    out = run("work")
+    # c10d's own wait() handed over the Work: no CUDA event of ours, completion from is_completed().
+    assert out["markers"] == ["Work"] and out["events"] == 0
+    assert out["pending_after"] == 0 and out["progress"] == 40 and out["streams"] == ["stream3"]
+
+
+def test_event_mode_completes_in_stream_order_only_when_events_complete():
+    out = run("event")
+    assert out["events"] == 40 and out["stream_objects"] == ["stream-object"]
+    # Nothing is completed before its event is: a sync CUDA call returning is not completion.
+    assert out["pending_before"] == 40
+    assert out["pending_after"] == 0 and out["progress"] == 40
