@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Dict, Iterable, List
 
 if TYPE_CHECKING:  # pragma: no cover
     from hangdoc.model import Frame, Process
@@ -66,6 +66,39 @@ def normalize_file(path: str) -> str:
     if m:
         return "~/" + path[m.end():]
     return path
+
+
+def common_suffixes(files: Iterable[str]) -> Dict[str, str]:
+    """Map file names that are one file printed at different lengths to their shortest form.
+
+    py-spy prints ``stopped_rank.py`` where faulthandler or a traceback of the same job prints
+    ``/work/main/examples/hangs/stopped_rank.py``. A name maps to a shorter one when the shorter is
+    a suffix of it on a ``/`` boundary and every name with that suffix is a suffix of one another
+    (one file, several lengths); two different files that share a short name (``/a/train.py``,
+    ``/b/train.py`` and ``train.py``) stay apart. The result depends only on the set of names.
+
+    >>> sorted(common_suffixes(["/work/ex/hangs/stopped_rank.py", "stopped_rank.py", "hangs/stopped_rank.py", "train.py"]).items())
+    [('/work/ex/hangs/stopped_rank.py', 'stopped_rank.py'), ('hangs/stopped_rank.py', 'stopped_rank.py')]
+    >>> common_suffixes(["/a/train.py", "/b/train.py", "train.py"])
+    {}
+    """
+    names = {f for f in files if f and f[0] != "<"}
+    by_base: Dict[str, List[str]] = {}
+    for f in names:
+        by_base.setdefault(f.rsplit("/", 1)[-1], []).append(f)
+    out: Dict[str, str] = {}
+    for same in by_base.values():
+        if len(same) < 2:
+            continue
+        same.sort(key=len)
+        short = same[0]
+        longest = same[-1]
+        # one file at several lengths: each name is a suffix of the longest, and the shortest of each
+        if all(_suffix_match(longest, f) for f in same) and all(_suffix_match(f, short) for f in same):
+            for f in same[1:]:
+                if f != short:
+                    out[f] = short
+    return out
 
 
 # Python frames that are plumbing: (function name, file suffix). The function is compared both as
@@ -134,11 +167,50 @@ def _suffix_match(file: str, suffix: str) -> bool:
     return file == suffix or file.endswith("/" + suffix)
 
 
+# hangdoc's own in-job code: its CLI and ``python -m hangdoc`` around the user's script, the
+# collective recorder's wrapper around every collective, its watchdog / prefix / detector threads.
+_HANGDOC_OWN_RE = re.compile(r"(?:^|/)hangdoc/(?:runtime/[\w.]+\.py|cli/[\w.]+\.py|__main__\.py)$")
+
+
+def is_hangdoc_file(file: str) -> bool:
+    """True for a file of hangdoc's own in-job code (``hangdoc/runtime/*``, ``hangdoc/cli/*``, ``__main__``).
+
+    >>> is_hangdoc_file("/work/main/hangdoc/runtime/recorder.py"), is_hangdoc_file("hangdoc/cli/run.py")
+    (True, True)
+    >>> is_hangdoc_file("train.py"), is_hangdoc_file("myhangdoc/runtime/x.py")
+    (False, False)
+    """
+    return bool(file) and "hangdoc/" in file and bool(_HANGDOC_OWN_RE.search(file))
+
+
+def is_hangdoc_thread(frames: Iterable["Frame"]) -> bool:
+    """A thread hangdoc started (watchdog, output-prefix reader, detector): the first frame past
+    the thread bootstrap is hangdoc's own code.
+
+    >>> from hangdoc.model import Frame
+    >>> is_hangdoc_thread((Frame("_bootstrap", "threading.py", 1002), Frame("run", "threading.py", 982),
+    ...                    Frame("_run", "/work/main/hangdoc/runtime/prefix.py", 144)))
+    True
+    >>> is_hangdoc_thread((Frame("_bootstrap", "threading.py", 1002), Frame("run", "threading.py", 982),
+    ...                    Frame("loader", "train.py", 7), Frame("wrapper", "hangdoc/runtime/recorder.py", 670)))
+    False
+    """
+    for f in frames:
+        if is_hangdoc_file(f.file):
+            return True
+        if f.native or _plumbing(f.function, f.file, f.native):
+            continue
+        return False
+    return False
+
+
 @lru_cache(maxsize=65536)
 def _plumbing(function: str, file: str, native: bool) -> bool:
     if native:
         return bool(_PLUMBING_NATIVE_RE.match(function))
     if file in _PLUMBING_FILES_ANY_FUNCTION:
+        return True
+    if "hangdoc/" in file and _HANGDOC_OWN_RE.search(file):
         return True
     for name, suffix in _PLUMBING_PY:
         if function == name and _suffix_match(file, suffix):
@@ -158,6 +230,8 @@ def is_plumbing(frame: "Frame") -> bool:
     True
     >>> is_plumbing(Frame("c10d::Work::wait", "libtorch_cpu.so", native=True))
     False
+    >>> is_plumbing(Frame("wrapper", "/work/main/hangdoc/runtime/recorder.py", 670))  # hangdoc's own
+    True
     """
     return _plumbing(frame.function, frame.file, frame.native)
 

@@ -769,6 +769,8 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
             if parent is not None and parent.rank is not None:
                 p.parent_rank = parent.rank
 
+    _unify_file_names(job.processes)
+
     sizes = [p.meta["world_size"] for p in job.processes if isinstance(p.meta.get("world_size"), int)]
     if rmap:
         sizes.append(max(rmap.values()) + 1)
@@ -787,3 +789,60 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
                 if isinstance(ws, int):
                     sizes.append(ws)
     job.world_size = max(sizes) if sizes else None
+
+
+def _unify_file_names(processes: List[Process]) -> None:
+    """One file printed at different lengths by different dumpers (py-spy's ``stopped_rank.py``,
+    faulthandler's ``/work/.../stopped_rank.py``) gets one name, so the stacks group together.
+
+    Works per distinct stack (stacks are interned): each is rebuilt once and stays shared.
+    """
+    from dataclasses import replace
+
+    from hangdoc.analysis.normalize import common_suffixes
+
+    stacks: Dict[int, Tuple[Frame, ...]] = {}
+    for p in processes:
+        for t in p.threads:
+            if id(t.frames) not in stacks:
+                stacks[id(t.frames)] = t.frames
+    rename = common_suffixes({f.file for s in stacks.values() for f in s if not f.native})
+    # py-spy prints qualified names (``_exception_logger.<locals>.wrapper``), faulthandler and
+    # tracebacks bare ones (``wrapper``): at one file and line they are one function.
+    names: Dict[Tuple[str, Optional[int]], set] = {}
+    for s in stacks.values():
+        for f in s:
+            if not f.native and f.line is not None:
+                names.setdefault((rename.get(f.file, f.file), f.line), set()).add(f.function)
+    qualify: Dict[Tuple[str, Optional[int], str], str] = {}
+    for (file, line), fns in names.items():
+        if len(fns) > 1:
+            longest = max(fns, key=lambda n: (len(n), n))
+            if all(n == longest or longest.endswith("." + n) for n in fns):
+                for n in fns:
+                    if n != longest:
+                        qualify[(file, line, n)] = longest
+    if not rename and not qualify:
+        return
+    frames: Dict[int, Frame] = {}
+    rebuilt: Dict[int, Tuple[Frame, ...]] = {}
+    for sid, s in stacks.items():
+        new = []
+        changed = False
+        for f in s:
+            if not f.native and (f.file in rename or qualify):
+                g = frames.get(id(f))
+                if g is None:
+                    file = rename.get(f.file, f.file)
+                    fn = qualify.get((file, f.line, f.function), f.function)
+                    g = frames[id(f)] = f if (file, fn) == (f.file, f.function) else replace(f, file=file, function=fn)
+                changed = changed or g is not f
+                f = g
+            new.append(f)
+        if changed:
+            rebuilt[sid] = tuple(new)
+    for p in processes:
+        for t in p.threads:
+            s = rebuilt.get(id(t.frames))
+            if s is not None:
+                t.frames = s

@@ -393,8 +393,8 @@ class TextReport:
         return ["", self.paint(f"Merged tree (main threads, outermost first{note})", "title")] + ["  " + s for s in lines]
 
     def threads(self) -> List[str]:
-        tg = self.r.thread_groups
-        if not tg:
+        tg, own = _split_own_threads(self.r.thread_groups)
+        if not tg and not own:
             return []
         out = ["", self.paint("Other threads (grouped by stack)", "title")]
         for i, g in enumerate(tg[: self.max_groups], 1):
@@ -407,7 +407,13 @@ class TextReport:
             out.append("     " + g.summary)
         if len(tg) > self.max_groups:
             out.append(self.paint(f"  … {plural(len(tg) - self.max_groups, 'more thread group')} not shown", "dim"))
+        if own:
+            n = sum(g.threads for g in own)
+            where = sorted({g.summary for g in own})
+            out.append(self.paint(f"  (hangdoc's own: {plural(n, 'thread')} not shown: "
+                                  + "; ".join(where[:4]) + ("; …" if len(where) > 4 else "") + ")", "dim"))
         return out
+
 
     def sources(self) -> List[str]:
         srcs = sorted(self.r.job.sources, key=lambda s: s.path)  # input order must not show
@@ -425,3 +431,15 @@ class TextReport:
         if len(errors) > MAX_ERRORS:
             out.append(self.paint(f"  … {len(errors) - MAX_ERRORS} more (--format json lists them all)", "dim"))
         return out
+
+
+def _split_own_threads(groups):
+    """(the user's thread groups, hangdoc's own: watchdog, output-prefix reader, detector)."""
+    try:
+        from hangdoc.analysis.normalize import is_hangdoc_thread
+    except Exception:  # pragma: no cover - normalize absent from this build
+        return list(groups), []
+    theirs, own = [], []
+    for g in groups:
+        (own if is_hangdoc_thread(g.stack) else theirs).append(g)
+    return theirs, own
