@@ -21,12 +21,14 @@ import subprocess
 import sys
 import time
 
+# Flight Recorder off explicitly where it should be off (its default differs across torch versions).
+_FR_OFF = {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
 CONFIGS = {
-    "none": {},
+    "none": dict(_FR_OFF),
     "flight-recorder": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"},
-    "hangdoc": {"HANGDOC_BENCH_RECORD": "1"},
+    "hangdoc": {**_FR_OFF, "HANGDOC_BENCH_RECORD": "1"},
     # the same recorder completing synchronous CUDA calls with a CUDA event of its own per call
-    "hangdoc-events": {"HANGDOC_BENCH_RECORD": "1", "HANGDOC_CUDA_COMPLETION": "event"},
+    "hangdoc-events": {**_FR_OFF, "HANGDOC_BENCH_RECORD": "1", "HANGDOC_CUDA_COMPLETION": "event"},
     "both": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "HANGDOC_BENCH_RECORD": "1"},
 }
 
