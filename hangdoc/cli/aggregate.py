@@ -63,7 +63,6 @@ def _run(args: argparse.Namespace) -> int:
     # and again (measured: grouping 1.6 s -> 0.2 s, rules 5.7 s -> 3.3 s at 131,072 ranks). This is
     # a short-lived command, so the collector stays off until it exits.
     gc.disable()
-    umask = _umask()  # read before the progress thread exists: os.umask is process-wide
     # the helper process is forked before any thread of ours exists (fork + threads can deadlock)
     reader = ParallelRead.start(list(args.paths), rank_map, args.jobs)
     progress = Progress()
@@ -100,8 +99,6 @@ def _run(args: argparse.Namespace) -> int:
 
         try:
             write_atomic(args.output, text)
-            # the temporary file was created 0600; a report is an ordinary file, readable as the umask allows
-            os.chmod(args.output, 0o666 & ~umask)
         except OSError as e:
             raise UsageError(f"cannot write {args.output}: {e.strerror or e}")
         return 0
@@ -405,12 +402,6 @@ class Progress:
                 sys.stderr.flush()
             except (OSError, ValueError):
                 pass
-
-
-def _umask() -> int:
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
 
 
 def _is_tty(stream) -> bool:
