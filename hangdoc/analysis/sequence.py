@@ -193,17 +193,23 @@ def _trim_start(per_rank: Dict[int, List[CollectiveRecord]]) -> Dict[int, List[C
     return {r: [x for x in lst if x.seq >= start] for r, lst in per_rank.items()}
 
 
-def divergences(records: Iterable[CollectiveRecord]) -> List[Divergence]:
-    """The divergences of every group, first divergence of each group first (see module doc)."""
+def divergences(records: Iterable[CollectiveRecord], hung: bool = False) -> List[Divergence]:
+    """The divergences of every group, first divergence of each group first (see module doc).
+
+    ``hung``: the records come from a hung job, every rank still alive and blocked somewhere. Then a
+    rank whose records are a prefix of the others' while they wait for it is *behind* (see
+    :func:`lags`), not diverging. Without it (records of ranks that ran to their end, as the pytest
+    plugin has them) that rank issued fewer collectives than the others: a divergence.
+    """
     out: List[Divergence] = []
     groups = collectives(records)
     for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
-        out.extend(_align_group(name, _trim_start(groups[name]))[0])
+        out.extend(_align_group(name, _trim_start(groups[name]), hung)[0])
     out.sort(key=lambda d: (d.group != "default_pg", d.group, d.index))
     return out
 
 
-def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
+def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]], hung: bool = False):
     """Walk the columns of one group; returns (divergences, stream mismatches)."""
     sigs = {r: [x.signature() for x in lst] for r, lst in per_rank.items()}
     pos = {r: 0 for r in per_rank}
@@ -260,7 +266,7 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]]):
             waiting = [r for r in ended if r not in finished]
             active.difference_update(waiting)  # blocked at an earlier op: fallout, not a cause
             blocked_here = sorted(r for r in here if per_rank[r][pos[r]].state == "issued")
-            if finished and blocked_here:
+            if hung and finished and blocked_here:
                 # The finished ranks issued a prefix of what the others issued, and the others wait in
                 # the next op for them: they are behind, not diverging (no different op, nothing after).
                 exp = per_rank[blocked_here[0]][pos[blocked_here[0]]]
@@ -314,13 +320,13 @@ def lags(records: Iterable[CollectiveRecord]) -> List[Lag]:
     >>> from hangdoc.model import CollectiveRecord as R
     >>> recs = [R(rank=r, seq=i, op="all_reduce", state="completed" if i < 2 or r == 1 else "issued")
     ...         for r in range(3) for i in range(3 if r != 1 else 2)]
-    >>> [(x.ranks, x.waiting, x.waiting_in.seq) for x in lags(recs)], divergences(recs)
+    >>> [(x.ranks, x.waiting, x.waiting_in.seq) for x in lags(recs)], divergences(recs, hung=True)
     ([([1], [0, 2], 2)], [])
     """
     out: List[Lag] = []
     groups = collectives(records)
     for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
-        out.extend(_align_group(name, _trim_start(groups[name]))[2])
+        out.extend(_align_group(name, _trim_start(groups[name]), True)[2])
     return out
 
 
