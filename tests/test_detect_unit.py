@@ -62,7 +62,7 @@ def test_a_changed_call_is_found_at_its_index(ids, data):
     b = rank_pub(1, bad + [0] * extra, (0, 1, 2))
     diff = detect.first_difference(a, b)
     assert diff is not None
-    index, exact = diff
+    index, exact, _last_good = diff
     if len(ids) - k <= detect.WINDOW:  # within the published window: exact
         assert (index, exact) == (k, True)
     else:  # further back: bounded by a checkpoint, never later than the truth allows
@@ -137,6 +137,13 @@ class _DictStore:
         self.ops += 1
         return self.kv.get(key)
 
+    def compare_set(self, key, expected, desired):
+        self.ops += 1
+        current = self.kv.get(key, b"")
+        if current == expected.encode():
+            self.kv[key] = desired.encode()
+        return self.kv.get(key, b"")
+
     def add(self, key, n):
         self.ops += 1
         v = int(self.kv.get(key, b"0")) + n
@@ -144,34 +151,46 @@ class _DictStore:
         return v
 
 
-def test_nodes_publish_at_a_bounded_rate_and_find_the_deviant():
+def _simulate(nranks: int, per_tick: int, deviant: int, at: int, ticks: int = 40):
+    """Ranks issuing ``per_tick`` collectives per 0.25 s tick; ``deviant`` changes collective ``at``."""
     store = _DictStore()
-    ranks = tuple(range(6))
+    ranks = tuple(range(nranks))
     digests = {r: detect.Digests() for r in ranks}
     nodes = {r: detect.Node(r, store, lambda name: ranks) for r in ranks}
-
-    def issue(r, k, i):
-        op, shapes, dtypes, root = SIGS[k]
-        digests[r].hook("default_pg", op, shapes, dtypes, root, (i, op, ("default_pg", ranks), shapes, dtypes, root, None, False, k))
-
     describe = lambda rec: (rec[1], f"t.py:{rec[8]}")  # noqa: E731
     found = []
     now = 0.0
-    for step in range(40):  # 10 simulated seconds, ticks of 0.25 s, 10 collectives per tick
+    for step in range(ticks):
         for r in ranks:
-            for j in range(10):
-                i = step * 10 + j
-                issue(r, 3 if (r == 4 and i == 205) else i % 3, i)
+            for j in range(per_tick):
+                i = step * per_tick + j
+                op, shapes, dtypes, root = SIGS[3 if (r == deviant and i == at) else i % 3]
+                site = 99 if (r == deviant and i == at) else i % 3
+                digests[r].hook("default_pg", op, shapes, dtypes, root, (i, op, ("default_pg", ranks), shapes, dtypes, root, None, False, site))
         now += 0.25
         for r in ranks:
-            v = nodes[r].tick(now, digests[r].total(), lambda quiet, r=r: detect.snapshot(digests[r], r, describe, quiet))
-            if v is not None:
-                found.append((now, r, v))
+            v = nodes[r].tick(now, digests[r].total(),
+                              lambda quiet, focus=None, r=r: detect.snapshot(digests[r], r, describe, quiet, focus))
+            if v is not None and r not in {f[1] for f in found}:
+                found.append((now, r, v, nodes[r].claimed))
+    return found, nodes, store
+
+
+def test_nodes_publish_at_a_bounded_rate_and_agree_on_one_verdict():
+    found, nodes, _store = _simulate(6, 10, deviant=4, at=205)
     writes = sum(n.writes for n in nodes.values())
-    assert writes <= len(ranks) * 10 + len(ranks)  # ≤ 1 write per rank per second
-    assert found and all(v.deviants == [4] for _, _, v in found)
+    assert writes <= 6 * 10 + 6 + 4  # ≤ 1 publication per rank per second (+ the verdict)
+    assert found and sum(claimed for *_, claimed in found) == 1  # one rank reports
     first = found[0][2]
-    assert (first.index, first.exact, first.agreeing) == (205, True, [0, 1, 3, 5])
-    # later looks, once the call has left the published window, still name rank 4 (bounded index)
-    assert all(v.index >= 205 and (v.exact or v.index > 205) for _, _, v in found)
+    assert (first.deviants, first.index, first.exact, first.agreeing) == ([4], 205, True, [0, 1, 3, 5])
+    assert first.deviant_entry[1:3] == ["broadcast", "t.py:99"]
     assert found[0][0] <= 5.125 + 1.5  # seconds after the divergent call
+    assert all(v.to_json() == first.to_json() for _, _, v, _ in found)  # every rank learns the same verdict
+
+
+def test_a_divergence_older_than_the_window_is_pinned_down_on_request():
+    # 400 collectives per tick: the divergent call leaves the published window within a tick
+    found, _nodes, store = _simulate(4, 400, deviant=2, at=1000, ticks=30)
+    first = found[0][2]
+    assert (first.deviants, first.index, first.exact) == ([2], 1000, True)
+    assert first.deviant_entry[1:3] == ["broadcast", "t.py:99"] and first.agreeing_entry[2] == "t.py:1"

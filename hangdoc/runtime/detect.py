@@ -45,26 +45,31 @@ __all__ = ["start", "stop", "get", "DivergenceError", "Detector", "Verdict", "PO
 
 POLICIES = ("warn", "dump", "abort")
 
-#: per-collective detail kept per group (a ring; a power of two) and the part of it published
-RING = 256
+#: per-collective detail kept per group (a ring; a power of two), and the part of it published
+#: every time (older stretches are published when a checker asks: see Node)
+RING = 4096
 WINDOW = 64
 #: a checkpoint digest every CHECKPOINT collectives, the last CHECKPOINTS of them published: ranks
 #: up to CHECKPOINT * CHECKPOINTS collectives apart can still be compared
 CHECKPOINT = 64
-CHECKPOINTS = 32
+CHECKPOINTS = RING // CHECKPOINT
 #: at most one publication per PERIOD seconds, plus one at once when the rank goes quiet for QUIET
 PERIOD = 1.0
 QUIET = 0.5
 #: the daemon's wake-up interval; partners are read every READ seconds (every TICK while quiet)
 TICK = 0.25
 READ = 0.5
-#: more ranks read to break a two-rank disagreement (only when one is found)
+#: more ranks read to break a two-rank disagreement (only when one is found), and how long to
+#: wait for a third opinion in a group of three or more before deciding on two
 OPINIONS = 3
+UNDECIDED_WAIT = 1.5
+#: how long a checker waits for the older detail it asked for before reporting a bounded index
+FOCUS_WAIT = 3.0
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3  # FNV-1a's: (d ^ h) * P is order-sensitive and cheap
 PREFIX = "hangdoc/detect/"
-VERDICT_KEY = PREFIX + "verdict"
+STATE_KEY = PREFIX + "state"
 CLAIM_KEY = PREFIX + "claim"
 
 
@@ -176,52 +181,71 @@ def _describe(rec: tuple, cache: Dict[int, Tuple[str, str]]) -> Tuple[str, str]:
     return out
 
 
-def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str, str]], quiet: bool = False) -> Dict[str, Any]:
+def _window(g: _Group, lo: int, hi: int, describe: Callable[[tuple], Tuple[str, str]],
+            first_seen: Dict[Any, int]) -> Optional[Dict[str, Any]]:
+    """Per-collective detail of indexes [lo, hi) of a group, as far as the ring still holds them:
+    the digest before ``lo`` and, per index, a reference into a table of distinct signatures
+    (hash, description, call site, first index that pair was seen at: the history tie-break)."""
+    ring, rmask = g.ring, RING - 1
+    entries = []
+    for i in range(max(lo, g.n - RING + 1), hi):
+        e = ring[i & rmask]
+        if e is None or e[0] != i:
+            entries = []  # overwritten while we read: keep what follows only
+            continue
+        entries.append(e)
+    if not entries:
+        return None
+    start = entries[0][0]
+    if start == 0:
+        base: Optional[int] = 0
+    else:
+        prev = ring[(start - 1) & rmask]
+        base = prev[1] if prev is not None and prev[0] == start - 1 else dict(g.cps).get(start - 1)
+    if base is None:
+        entries = entries[1:]
+        if not entries:
+            return None
+        start, base = entries[0][0], ring[(entries[0][0] - 1) & rmask][1]
+    table: Dict[Tuple[int, Any], List[Any]] = {}
+    sig: List[int] = []
+    for e in entries:
+        k = (e[2], e[3][8])
+        t = table.get(k)
+        if t is None:
+            desc, where = describe(e[3])
+            t = table[k] = [format(e[2], "x"), desc, where, first_seen.get(k, e[0]), len(table)]
+        sig.append(t[4])
+    return {"start": start, "base": format(base, "x"), "sig": sig,
+            "tab": [v[:4] for v in sorted(table.values(), key=lambda v: v[4])]}
+
+
+def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str, str]], quiet: bool = False,
+             focus: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
     """The JSON-able state one rank publishes: per group its count, digest, checkpoints and the
-    last WINDOW collectives (signature hashes and, per distinct signature and call site, a
-    description and the first index where that pair was seen in the ring: the history
-    tie-break)."""
+    detail of its last WINDOW collectives, plus that of ``focus`` = (group, lo, hi) when a checker
+    asked for an older stretch (see :class:`Node`)."""
     out: Dict[str, Any] = {"rank": rank, "t": round(time.time(), 3), "quiet": quiet, "g": {}}
     for name, g in list(digests.groups.items()):
         n = g.n
-        entries = []
-        for i in range(max(0, n - RING), n):
-            e = g.ring[i & (RING - 1)]
+        first_seen: Dict[Any, int] = {}
+        ring = g.ring
+        for i in range(max(0, n - RING + 1), n):
+            e = ring[i & (RING - 1)]
             if e is not None and e[0] == i:
-                entries.append(e)
-        # entries overwritten while we read are dropped: keep the contiguous tail
-        tail: List[Any] = []
-        for e in reversed(entries):
-            if tail and e[0] != tail[-1][0] - 1:
-                break
-            tail.append(e)
-        tail.reverse()
-        table: Dict[Tuple[int, str], List[Any]] = {}
-        first_seen: Dict[Tuple[int, str], int] = {}
-        idx: List[int] = []
-        win = tail[-WINDOW:]
-        start = win[0][0] if win else n
-        for e in tail:
-            desc, where = describe(e[3])
-            k = (e[2], where)
-            first_seen.setdefault(k, e[0])
-            if e[0] >= start:
-                if k not in table:
-                    table[k] = [format(e[2], "x"), desc, where, first_seen[k], len(table)]
-                idx.append(table[k][4])
-        base = None
-        if win:
-            prev = tail[len(tail) - len(win) - 1] if len(tail) > len(win) else None
-            base = format(prev[1], "x") if prev is not None else ("0" if start == 0 else None)
-        out["g"][name] = {
-            "n": n,
-            "d": format(g.d, "x"),
-            "start": start,
-            "base": base,
-            "sig": idx,
-            "tab": [v[:4] for v in sorted(table.values(), key=lambda v: v[4])],
-            "cp": [[i, format(d, "x")] for i, d in list(g.cps)],
-        }
+                first_seen.setdefault((e[2], e[3][8]), i)
+        wins = []
+        if focus and focus[0] == name:
+            lo, hi = int(focus[1]), min(int(focus[2]), int(focus[1]) + 2 * CHECKPOINT, n)
+            if lo < max(0, n - WINDOW):
+                w = _window(g, lo, hi, describe, first_seen)
+                if w:
+                    wins.append(w)
+        w = _window(g, max(0, n - WINDOW), n, describe, first_seen)
+        if w:
+            wins.append(w)
+        out["g"][name] = {"n": n, "d": format(g.d, "x"), "w": wins,
+                          "cp": [[i, format(d, "x")] for i, d in list(g.cps)]}
     return out
 
 
@@ -231,32 +255,32 @@ def known_digests(pub: Dict[str, Any]) -> Dict[int, int]:
     n = int(pub.get("n", 0))
     if n:
         known[n - 1] = int(pub["d"], 16)
-    base, start = pub.get("base"), int(pub.get("start", n))
-    if base is not None:
-        tab = pub.get("tab") or []
-        d = int(base, 16)
-        for j, k in enumerate(pub.get("sig") or ()):
+    for w in pub.get("w") or ():
+        tab = w.get("tab") or []
+        d = int(w["base"], 16)
+        start = int(w["start"])
+        for j, k in enumerate(w.get("sig") or ()):
             d = combine(d, int(tab[k][0], 16))
             known[start + j] = d
     return known
 
 
 def entry_at(pub: Dict[str, Any], i: int) -> Optional[List[Any]]:
-    """[hash, description, call site, first index seen] of collective ``i``, when in the window."""
-    start = int(pub.get("start", 0))
-    sig = pub.get("sig") or []
-    if start <= i < start + len(sig):
-        tab = pub.get("tab") or []
-        k = sig[i - start]
-        if 0 <= k < len(tab):
-            return tab[k]
+    """[hash, description, call site, first index seen] of collective ``i``, when published."""
+    for w in pub.get("w") or ():
+        start, sig = int(w.get("start", 0)), w.get("sig") or []
+        if start <= i < start + len(sig):
+            tab = w.get("tab") or []
+            k = sig[i - start]
+            if 0 <= k < len(tab):
+                return tab[k]
     return None
 
 
-def first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[Tuple[int, bool]]:
-    """(index, exact) of the first collective where two ranks' publications of one group part,
-    None while they agree on everything both have issued. ``exact`` is False when the index is
-    only bounded (the last agreeing index they share lies further back)."""
+def first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[Tuple[int, bool, int]]:
+    """(index, exact, last agreeing index) of the first collective where two ranks' publications
+    of one group part; None while they agree on everything both have issued. ``exact`` is False
+    when the index is only bounded: the divergence lies after the last agreeing index."""
     ka, kb = known_digests(a), known_digests(b)
     common = sorted(set(ka) & set(kb))
     first_bad = next((i for i in common if ka[i] != kb[i]), None)
@@ -264,7 +288,7 @@ def first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[Tuple[int
         return None
     agree = [i for i in common if i < first_bad]
     last_good = agree[-1] if agree else -1
-    return first_bad, last_good == first_bad - 1 or first_bad == 0
+    return first_bad, last_good == first_bad - 1, last_good
 
 
 class Verdict:
@@ -276,6 +300,8 @@ class Verdict:
         self.deviants, self.agreeing = deviants, agreeing
         self.deviant_entry, self.agreeing_entry = deviant_entry, agreeing_entry
         self.basis = basis
+        #: the last index both sides were seen to agree on (for a bounded ``index``)
+        self.last_good = index - 1
         self.time = time.time()
         self.reporter: Optional[int] = None
 
@@ -375,8 +401,15 @@ def partners(me: int, ranks: Sequence[int], extra: int = 0) -> List[int]:
 class Node:
     """One rank's side of the protocol, over a store given as bounded operations.
 
-    ``ops`` has ``set(key, value)``, ``get(key) -> bytes | None`` (None when absent) and
-    ``add(key, n) -> int``. The benchmark drives many Nodes against one TCPStore.
+    ``ops`` has ``set(key, value)``, ``get(key) -> bytes | None`` (None when absent),
+    ``add(key, n) -> int`` and ``compare_set(key, expected, desired) -> bytes``. Keys: one per rank
+    (``hangdoc/detect/r{rank}``: its publication), one per job (``hangdoc/detect/state``: a
+    request for older detail, then the verdict) and the claim counter. The benchmark drives many
+    Nodes against one TCPStore.
+
+    When the first difference two ranks show is only bounded (it happened further back than the
+    published windows reach), the checker asks every rank, through the state key, to publish the
+    stretch in question too, and decides once that detail has come (or FOCUS_WAIT has passed).
     """
 
     def __init__(self, rank: int, ops: Any, ranks_of: Callable[[str], Sequence[int]], period: float = PERIOD,
@@ -391,8 +424,16 @@ class Node:
         self.last_change = time.monotonic()
         self.seen_total = -1
         self.quiet_published = False
+        self.last_state = -1e9
+        #: (group, lo, hi) this rank publishes detail of, when asked
+        self.focus: Optional[List[Any]] = None
+        self._focus_pub = False
+        self._focus_asked: Optional[float] = None
+        #: the verdict, once known; ``claimed``: this rank found it and reports it
         self.verdict: Optional[Verdict] = None
+        self.claimed = False
         self.writes = self.reads = 0
+        self._undecided: Dict[Tuple[str, int], float] = {}
 
     def key(self, rank: int) -> str:
         return f"{PREFIX}r{rank}"
@@ -407,28 +448,81 @@ class Node:
         except ValueError:
             return None
 
-    def tick(self, now: float, total: int, make: Callable[[bool], Dict[str, Any]]) -> Optional[Verdict]:
-        """Publish when due, read partners when due; a verdict when this rank found one."""
+    def _read_state(self, now: float) -> None:
+        self.last_state = now
+        self.reads += 1
+        raw = self.ops.get(STATE_KEY)
+        if not raw:
+            return
+        try:
+            state = json.loads(raw)
+        except ValueError:
+            return
+        if "verdict" in state:
+            self.verdict = Verdict.from_json(state["verdict"])
+        elif "focus" in state and self.focus != state["focus"]:
+            self.focus = list(state["focus"])
+            self._focus_pub = False
+
+    def tick(self, now: float, total: int, make: Callable[..., Dict[str, Any]], final: bool = False) -> Optional[Verdict]:
+        """Publish when due, read partners when due; returns the verdict once there is one."""
+        if self.verdict is not None:
+            return self.verdict
         if total != self.seen_total:
             self.seen_total, self.last_change = total, now
             self.quiet_published = False
         quiet = now - self.last_change >= self.quiet_after
+        if final or now - self.last_state >= (self.read_every if (quiet or self.focus) else 2 * self.read_every):
+            self._read_state(now)
+            if self.verdict is not None:
+                return self.verdict
         changed = total != self.pub_total
         mine = None
-        if changed and (now - self.last_pub >= self.period or (quiet and not self.quiet_published)):
-            mine = make(quiet)
+        due = changed and (now - self.last_pub >= self.period or (quiet and not self.quiet_published))
+        if due or final or (self.focus is not None and not self._focus_pub):
+            mine = make(quiet, self.focus)
             self.ops.set(self.key(self.rank), json.dumps(mine, separators=(",", ":")))
             self.writes += 1
             self.last_pub, self.pub_total = now, total
             self.quiet_published = quiet
-        if now - self.last_read < (TICK if quiet else self.read_every):
+            self._focus_pub = self.focus is not None
+        if not final and now - self.last_read < (TICK if (quiet or self._focus_asked) else self.read_every):
             return None
         self.last_read = now
         if mine is None:
-            mine = make(quiet)
-        return self.check(mine)
+            mine = make(quiet, self.focus)
+        v = self.check(mine, now)
+        if v is None:
+            return None
+        if not v.exact and not final:
+            if self._focus_asked is None:
+                # ask every rank for the detail of the stretch in question, then look again
+                lo = max(0, v.last_good + 1)
+                focus = [v.group, lo, v.index + 1]
+                self.ops.compare_set(STATE_KEY, "", json.dumps({"focus": focus}))
+                self.writes += 1
+                self._focus_asked = now
+                self.last_state = -1e9  # read the state (ours, or an earlier request) at once
+                return None
+            if now - self._focus_asked < FOCUS_WAIT:
+                return None
+        v.reporter = self.rank
+        if int(self.ops.add(CLAIM_KEY, 1)) == 1:
+            self.ops.set(STATE_KEY, json.dumps({"verdict": v.to_json()}))
+            self.writes += 2
+            self.claimed = True
+            self.verdict = v
+            return v
+        for _ in range(10):  # another rank claimed it: its verdict is being written
+            self._read_state(now)
+            if self.verdict is not None:
+                return self.verdict
+            time.sleep(0.05)
+        self.verdict = v
+        return v
 
-    def check(self, mine: Dict[str, Any]) -> Optional[Verdict]:
+    def check(self, mine: Dict[str, Any], now: Optional[float] = None) -> Optional[Verdict]:
+        now = time.monotonic() if now is None else now
         cache: Dict[int, Optional[Dict[str, Any]]] = {self.rank: mine}
 
         def pub_of(r: int) -> Optional[Dict[str, Any]]:
@@ -447,13 +541,20 @@ class Node:
                 diff = first_difference(g, og)
                 if diff is None:
                     continue
-                pubs = {self.rank: g, p: og}
                 for q in partners(self.rank, ranks, extra=OPINIONS)[len(base):]:
-                    qg = (pub_of(q) or {}).get("g", {}).get(name)
-                    if qg is not None:
-                        pubs[q] = qg
+                    pub_of(q)
+                members = set(ranks)
+                pubs = {q: c["g"][name] for q, c in cache.items()
+                        if q in members and c is not None and name in c.get("g", {})}
+                knowers = sum(1 for q in pubs.values() if diff[0] in known_digests(q))
+                if knowers < min(3, len(ranks)):
+                    # two opinions where a third may come: wait for it, a little
+                    since = self._undecided.setdefault((name, diff[0]), now)
+                    if now - since < UNDECIDED_WAIT:
+                        continue
                 v = decide(name, pubs, diff[0], diff[1])
                 if v is not None:
+                    v.last_good = diff[2]
                     return v
         return None
 
@@ -485,6 +586,9 @@ class _StoreOps:
     def add(self, key: str, n: int) -> int:
         return int(self.x._op(self._store(), "add", key, n))
 
+    def compare_set(self, key: str, expected: str, desired: str) -> Any:
+        return self.x._op(self._store(), "compare_set", key, expected, desired)
+
 
 class Detector:
     """The running detector of this process; use :func:`start` / :func:`stop`."""
@@ -506,7 +610,6 @@ class Detector:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._errors = 0
-        self._last_verdict_look = 0.0
         self._tick_lock = threading.Lock()
 
     def start(self) -> "Detector":
@@ -564,8 +667,8 @@ class Detector:
             self.node = Node(self._ident().rank, _StoreOps(), lambda name: groups[name].ranks if name in groups else ())
         return exchange._store_cache.get("store") is not None
 
-    def _make(self, quiet: bool) -> Dict[str, Any]:
-        return snapshot(self.digests, self.node.rank if self.node else 0, self._describe, quiet)
+    def _make(self, quiet: bool, focus: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
+        return snapshot(self.digests, self.node.rank if self.node else 0, self._describe, quiet, focus)
 
     def _describe(self, rec: tuple) -> Tuple[str, str]:
         return _describe(rec, self._describe_cache)
@@ -575,27 +678,12 @@ class Detector:
             self._tick_locked(final)
 
     def _tick_locked(self, final: bool) -> None:
-        if self.verdict is not None and self.policy != "abort" or not self._ready():
+        if self.verdict is not None or not self._ready():
             return
         node = self.node
-        now = time.monotonic()
-        if self.verdict is None and (final or now - self._last_verdict_look >= 1.0):
-            self._last_verdict_look = now
-            raw = node.ops.get(VERDICT_KEY)
-            if raw is not None:
-                self._act(Verdict.from_json(json.loads(raw)), mine=False)
-                return
-        if final:
-            node.last_pub = -1e9
-        v = node.tick(now, self.digests.total(), self._make)
-        if v is not None and self.verdict is None:
-            v.reporter = node.rank
-            if node.ops.add(CLAIM_KEY, 1) == 1:
-                node.ops.set(VERDICT_KEY, json.dumps(v.to_json()))
-                self._act(v, mine=True)
-            else:
-                raw = node.ops.get(VERDICT_KEY)
-                self._act(Verdict.from_json(json.loads(raw)) if raw else v, mine=False)
+        v = node.tick(time.monotonic(), self.digests.total(), self._make, final=final)
+        if v is not None:
+            self._act(v, mine=node.claimed)
 
     def _final(self) -> None:
         # A rank that exits (or fails) right after diverging still leaves its last state behind.
