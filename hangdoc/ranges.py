@@ -13,7 +13,7 @@ Used by every renderer and in finding summaries, so that 384 ranks read as one s
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:
@@ -85,9 +85,38 @@ def compress_hosts(hosts: Iterable[str]) -> str:
     return ",".join(parts + plain)
 
 
-def describe_ranks(ranks: Iterable[int]) -> str:
-    """``rank 3`` or ``ranks 0-2,4``."""
+#: runs of ranks a finding's text shows before "… and N more" (findings keep every culprit in ``culprits``).
+MAX_RUNS = 10
+
+
+def describe_ranks(ranks: Iterable[int], max_runs: Optional[int] = None) -> str:
+    """``rank 3`` or ``ranks 0-2,4``; with ``max_runs``, at most that many runs and a count of the rest.
+
+    >>> describe_ranks(range(0, 40, 2), max_runs=3)
+    'ranks 0,2,4 … and 17 more'
+    """
     values = sorted(set(ranks))
     if len(values) == 1:
         return f"rank {values[0]}"
-    return f"ranks {compress_ranks(values)}"
+    if max_runs is None:
+        return f"ranks {compress_ranks(values)}"
+    runs: List[Tuple[int, int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    if len(runs) <= max_runs:
+        return f"ranks {compress_ranks(values)}"
+    shown = runs[:max_runs]
+    more = len(values) - sum(b - a + 1 for a, b in shown)
+    return "ranks " + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in shown) + f" … and {more} more"
+
+
+def describe_ranks_capped(ranks: Iterable[int]) -> str:
+    """:func:`describe_ranks` cut after :data:`MAX_RUNS` runs: for the text of findings.
+
+    >>> describe_ranks_capped(range(0, 100, 2))
+    'ranks 0,2,4,6,8,10,12,14,16,18 … and 40 more'
+    """
+    return describe_ranks(ranks, MAX_RUNS)

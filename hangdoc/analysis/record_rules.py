@@ -33,7 +33,9 @@ from typing import Dict, List, Optional
 
 from hangdoc.analysis import sequence
 from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
-from hangdoc.ranges import compress_ranks, describe_ranks
+from hangdoc.ranges import MAX_RUNS
+# finding text: long rank lists end in "… and N more" (the culprits keep every rank)
+from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
 CONFIDENCE_EXACT = 0.95
 CONFIDENCE_CYCLE = 0.93
@@ -85,6 +87,8 @@ def _count_lines(records: List[CollectiveRecord], group: str) -> List[str]:
     if len(by_count) < 2:
         return []
     parts = [f"{describe_ranks(rs)}: {n}" for n, rs in sorted(by_count.items(), reverse=True)]
+    if len(parts) > MAX_RUNS:
+        parts = parts[:MAX_RUNS - 1] + [f"… and {len(parts) - MAX_RUNS + 1} more counts"]
     return [f"collectives issued in group {group}: " + "; ".join(parts)]
 
 
@@ -196,7 +200,9 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
                 stacks[p.rank] = wait_of(p)
         elsewhere = sorted(r for r, w in stacks.items() if w.category not in DISTRIBUTED and w.category != "unknown")
         evidence = [lag.summary]
-        evidence += [f"rank {r}'s stack: {stacks[r].describe()}" for r in sorted(stacks)]
+        evidence += [f"rank {r}'s stack: {stacks[r].describe()}" for r in sorted(stacks)[:MAX_RUNS]]
+        if len(stacks) > MAX_RUNS:
+            evidence.append(f"… and {len(stacks) - MAX_RUNS} more ranks' stacks")
         if elsewhere:
             evidence.append(f"the stacks show {describe_ranks(elsewhere)} blocked outside collectives: "
                             f"that is what the others wait for")
@@ -239,7 +245,7 @@ def _missing_ranks(report: Report, records: List[CollectiveRecord]) -> List[Find
         kind="missing-rank",
         summary=f"{describe_ranks(missing)} left no records and no stacks (world size {world})",
         culprits=[Culprit(rank=r) for r in missing],
-        evidence=[f"records came from ranks {compress_ranks(r.rank for r in records)}"],
+        evidence=[f"records came from {describe_ranks(r.rank for r in records)}"],
         advice=["Check whether those processes died, were never started, or wrote to another directory."],
         confidence=CONFIDENCE_MISSING,
     )]
@@ -259,7 +265,7 @@ def _all_waiting(report: Report, records: List[CollectiveRecord]) -> List[Findin
             kind="collective-wait",
             summary=f"all ranks of group {group} are in {x.op} #{x.seq} ({sequence.site(x)}) and none completed it",
             culprits=[],
-            evidence=[f"ranks {compress_ranks(lasts)} issued {x.describe()}"],
+            evidence=[f"{describe_ranks(lasts)} issued {x.describe()}"],
             advice=["The ranks agree; suspect the transport (network, NCCL/gloo timeouts) or a rank outside "
                     "the records."],
             confidence=CONFIDENCE_ALL_WAIT,

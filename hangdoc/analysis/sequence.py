@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.model import CollectiveRecord
-from hangdoc.ranges import describe_ranks
+# finding text: long rank lists end in "… and N more" (the culprits keep every rank)
+from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
 #: point-to-point ops: matched by peer, never aligned as collectives.
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})

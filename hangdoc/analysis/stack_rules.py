@@ -56,7 +56,9 @@ from hangdoc.model import (
     Process,
     Report,
 )
-from hangdoc.ranges import compress_hosts, describe_ranks
+from hangdoc.ranges import compress_hosts
+# finding text: long rank lists end in "… and N more" (the culprits keep every rank)
+from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
 #: Stack-only verdicts never claim more than this (record-based rules use 0.9 and more).
 MAX_CONFIDENCE = 0.8
@@ -82,6 +84,21 @@ def findings(report: Report) -> List[Finding]:
 # --- naming processes ----------------------------------------------------------------------------
 
 
+#: evidence lines of one kind a finding lists before "… and N more".
+MAX_LINES = 12
+
+
+def _cap(lines: List[str], what: str, limit: int = MAX_LINES) -> List[str]:
+    """``lines`` cut to ``limit`` with a last line counting the rest (findings stay readable at any scale).
+
+    >>> _cap([f"rank {i}: stopped" for i in range(5)], "stopped processes", 3)
+    ['rank 0: stopped', 'rank 1: stopped', '… and 3 more stopped processes']
+    """
+    if len(lines) <= limit:
+        return lines
+    return lines[:limit - 1] + [f"… and {len(lines) - limit + 1} more {what}"]
+
+
 def _sorted(procs: Iterable[Process]) -> List[Process]:
     return sorted(procs, key=lambda p: p.key)
 
@@ -97,9 +114,11 @@ def who(procs: Sequence[Process]) -> str:
         if len(rest) == 1:
             parts.append(_one(rest[0]))
         else:
-            hosts = [p.host for p in rest if p.host]
+            hosts = compress_hosts(p.host for p in rest if p.host)
+            if hosts.count(",") >= MAX_LINES:  # hundreds of hosts with no common prefix
+                hosts = f"{len(set(p.host for p in rest if p.host))} hosts"
             pids = [str(p.pid) for p in rest if p.pid is not None]
-            parts.append(f"{len(rest)} processes" + (f" on {compress_hosts(hosts)}" if hosts else "")
+            parts.append(f"{len(rest)} processes" + (f" on {hosts}" if hosts else "")
                          + (f" (pids {', '.join(pids)})" if 0 < len(pids) <= 4 else ""))
     return ", ".join(parts) if parts else "no process"
 
@@ -258,7 +277,8 @@ class _Analysis:
         key = tuple(sorted(id(b) for b in buckets))
         lines = self._evidence.get(key)
         if lines is None:
-            lines = self._evidence[key] = [f"{self.who_b(bs)}: {w.describe()}" for w, _, bs in self.places(buckets)]
+            lines = self._evidence[key] = _cap([f"{self.who_b(bs)}: {w.describe()}" for w, _, bs in self.places(buckets)],
+                                               "places where processes wait")
         return list(lines)
 
     def evidence_procs(self, procs: Sequence[Process]) -> List[str]:
@@ -268,7 +288,7 @@ class _Analysis:
             w = self.w(p)
             groups.setdefault(w.place(with_line=False), (w, []))[1].append(p)
         ordered = sorted(groups.values(), key=lambda g: (-len(g[1]), g[0].describe()))
-        return [f"{who(ps)}: {w.describe()}" for w, ps in ordered]
+        return _cap([f"{who(ps)}: {w.describe()}" for w, ps in ordered], "places where processes wait")
 
     # -- the rules, in order ----------------------------------------------------------------------
 
@@ -291,8 +311,8 @@ class _Analysis:
             by_status.setdefault(p.status, []).append(p)
         for status, procs in sorted(by_status.items()):
             procs = _sorted(procs)
-            details = [f"{who([p])}: {p.status}" + (f" ({p.status_detail})" if p.status_detail else "")
-                       + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in procs]
+            details = _cap([f"{who([p])}: {p.status}" + (f" ({p.status_detail})" if p.status_detail else "")
+                            + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in procs], f"{status} processes")
             if waiting:
                 details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
             if status == STATUS_STOPPED:
@@ -346,10 +366,12 @@ class _Analysis:
             n = _count(waiting_b)
             summary += f"; {self.who_b(waiting_b)} {'waits' if n == 1 else 'wait'} in collectives for {'it' if len(dl) == 1 else 'them'}"
         evidence = self.evidence_lines(dl_b + others_b)
+        worker_lines = []
         for q, w in sorted(own, key=lambda qw: qw[0].key):
             owner = f" of rank {q.parent_rank}" if q.parent_rank is not None else (f" of pid {q.ppid}" if q.ppid is not None else "")
-            evidence.append(f"DataLoader worker{owner} ({q.host or '?'} pid {q.pid if q.pid is not None else '?'}): "
-                            f"{w.describe() if q.status == STATUS_OK else q.status}")
+            worker_lines.append(f"DataLoader worker{owner} ({q.host or '?'} pid {q.pid if q.pid is not None else '?'}): "
+                                f"{w.describe() if q.status == STATUS_OK else q.status}")
+        evidence += _cap(worker_lines, "DataLoader workers")
         if not own:
             evidence.append("no DataLoader worker process was dumped, so what the workers are stuck in is not shown")
         advice = [
