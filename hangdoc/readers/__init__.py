@@ -228,6 +228,19 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
                 ch, text = _channel_for(channels, line)
             else:
                 ch, text = main, line
+                mp = main.parser
+                if mp is not None:  # _dispatch's first step, inlined for the main channel
+                    try:
+                        mine = mp.feed(lineno, line)
+                    except Exception as e:
+                        ctx.error(lineno, f"could not read this line: {type(e).__name__}: {e}")
+                        mine = True
+                    if mine:
+                        msink = mp.sink
+                        if msink is not None:
+                            mindent = mp.indent
+                        continue
+                    close(main)
             _dispatch(ctx, ch, lineno, text, close, tags, failures, tag_start)
             mp = main.parser
             if mp is not None and mp.sink is not None:
@@ -802,26 +815,38 @@ def _unify_file_names(processes: List[Process]) -> None:
     from hangdoc.analysis.normalize import common_suffixes
 
     stacks: Dict[int, Tuple[Frame, ...]] = {}
+    qualified: Dict[int, bool] = {}  # stack id -> printed by py-spy (qualified function names)
+    short: Dict[int, bool] = {}  # stack id -> printed by plain py-spy (short file names)
     for p in processes:
         for t in p.threads:
             if id(t.frames) not in stacks:
                 stacks[id(t.frames)] = t.frames
-    rename = common_suffixes({f.file for s in stacks.values() for f in s if not f.native})
-    # py-spy prints qualified names (``_exception_logger.<locals>.wrapper``), faulthandler and
-    # tracebacks bare ones (``wrapper``): at one file and line they are one function.
-    names: Dict[Tuple[str, Optional[int]], set] = {}
-    for s in stacks.values():
+                qualified[id(t.frames)] = p.format in (_pyspy.FORMAT, _pyspy.FORMAT_JSON)
+                short[id(t.frames)] = p.format == _pyspy.FORMAT
+    # Only a name plain py-spy shortened stands for a longer one another dumper printed: within one
+    # format ``a.py`` and ``tools/a.py`` may well be two files.
+    short_files = {f.file for sid, s in stacks.items() if short[sid] for f in s if not f.native}
+    rename = {long: s for long, s in common_suffixes({f.file for s in stacks.values() for f in s if not f.native}).items()
+              if s in short_files and long not in short_files}
+    # py-spy prints qualified names (``_exception_logger.<locals>.wrapper``), faulthandler,
+    # tracebacks and pystack bare ones (``wrapper``): a bare name that a py-spy stack of the same
+    # job shows qualified, at the same file and line, is that function.
+    long_names: Dict[Tuple[str, Optional[int]], set] = {}
+    bare_names: Dict[Tuple[str, Optional[int]], set] = {}
+    for sid, s in stacks.items():
+        into = long_names if qualified[sid] else bare_names
         for f in s:
             if not f.native and f.line is not None:
-                names.setdefault((rename.get(f.file, f.file), f.line), set()).add(f.function)
+                into.setdefault((rename.get(f.file, f.file), f.line), set()).add(f.function)
     qualify: Dict[Tuple[str, Optional[int], str], str] = {}
-    for (file, line), fns in names.items():
-        if len(fns) > 1:
-            longest = max(fns, key=lambda n: (len(n), n))
-            if all(n == longest or longest.endswith("." + n) for n in fns):
-                for n in fns:
-                    if n != longest:
-                        qualify[(file, line, n)] = longest
+    for where, bare in bare_names.items():
+        longs = long_names.get(where)
+        if not longs or len(longs) != 1:
+            continue
+        (longest,) = longs
+        for n in bare:
+            if "." not in n and longest.endswith("." + n):
+                qualify[where + (n,)] = longest
     if not rename and not qualify:
         return
     frames: Dict[int, Frame] = {}
