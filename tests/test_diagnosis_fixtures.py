@@ -182,7 +182,7 @@ def test_missing_rank_from_tag_lines(tmp_path):
 
 @pytest.mark.parametrize("scenario", ["nccl_skip_broadcast", "nccl_stream_misplacement"])
 def test_nccl_host_sync_everyone_waits(scenario):
-    f = headline(os.path.join(GPU, scenario, "trace-gpu1-native.out"))
+    f = headline(os.path.join(GPU, scenario, "trace-gpu1.out"))
     assert (f.kind, f.culprits) == ("collective-wait", [])
     assert any("Flight Recorder" in e for e in f.evidence)
 
