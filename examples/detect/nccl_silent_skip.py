@@ -1,0 +1,147 @@
+"""NCCL silently "completes" a skipped broadcast; the job hangs only later. The detector says so first.
+
+Every step all_reduces 256 floats, then broadcasts 256 floats from rank 0. At step SKIP rank 1
+skips the broadcast: NCCL pairs rank 0's broadcast with rank 1's next all_reduce (same element
+count), both complete with wrong data, and every later pair is shifted by one call, still of equal
+sizes, so the job trains on. At step METRICS every rank all_reduces 1024 floats: now the shifted
+calls differ in size and the job hangs (until the NCCL timeout of 40 s).
+
+    torchrun --nproc-per-node 2 -m hangdoc --detect --out /tmp/detect-nccl examples/detect/nccl_silent_skip.py
+
+Each rank prints, and writes to ``DIR/timeline-r{rank}.json``, when the skip happened, when the
+detector fired and when the hang started (the last host sync before it). With
+``--detect-policy abort`` the ranks raise at their next collective after the detector fires, so
+the job fails with a message instead of hanging. ``--backend gloo`` runs it on CPU: gloo does not
+match mismatched calls, so there the job hangs at the skip itself, and the detector names it all
+the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+SKIP = 20
+METRICS = 100
+STEP_SECONDS = 0.05  # stands for the forward/backward pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.backend == "nccl":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=40))
+    rank = dist.get_rank()
+    timeline = Timeline(rank)
+    x = torch.ones(256, device=device)
+    params = torch.zeros(256, device=device)
+    for step in range(args.steps):
+        if step == METRICS:
+            timeline.event("hang_expected", f"step {step}: all_reduce of 1024 floats; the shifted calls differ in size now")
+            dist.all_reduce(torch.ones(1024, device=device))
+        dist.all_reduce(x)
+        x /= dist.get_world_size()
+        if step == SKIP and rank == 1:
+            timeline.event("skip", f"step {step}: rank 1 skips the broadcast")  # the bug
+        else:
+            dist.broadcast(params, src=0)
+        timeline.event("host_sync", None, quiet=True)
+        loss = (x.sum() + params.sum()).item()  # host sync: where a hang shows
+        time.sleep(STEP_SECONDS)
+        if step % 50 == 0 and rank == 0:
+            print(f"step {step} loss {loss:.1f}", flush=True)
+    timeline.event("finished", f"all {args.steps} steps done")
+
+
+class Timeline:
+    """When things happened on this rank, printed and kept in the output directory."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.times: dict = {"rank": rank}
+        self.path = os.path.join(os.environ.get("HANGDOC_OUT") or _out_dir(), f"timeline-r{rank}.json")
+        threading.Thread(target=self._watch_detector, daemon=True).start()
+
+    def event(self, name: str, message, quiet: bool = False) -> None:
+        self.times[name] = time.time()
+        if name == "host_sync":
+            self.times["last_host_sync"] = self.times.pop(name)
+        if not quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+        self._save()
+
+    def _watch_detector(self) -> None:
+        """Print when the detector fires, and when the job stopped making progress (the hang)."""
+        try:
+            from hangdoc.runtime import detect
+        except ImportError:
+            return
+        fired = hung = False
+        while not (fired and hung):
+            time.sleep(0.05)
+            det = detect.get()
+            if not fired and det is not None and det.fired_at is not None:
+                fired = True
+                self.times["detector_fired"] = det.fired_at
+                skip = self.times.get("skip") or _peer_skip_time(self.path)
+                after = f" ({det.fired_at - skip:.2f}s after the skip)" if skip else ""
+                print(f"[{time.strftime('%H:%M:%S')}] detector fired{after}: {det.verdict.summary}", flush=True)
+                self._save()
+            last = self.times.get("last_host_sync")
+            if not hung and last and time.time() - last > 3.0 and "finished" not in self.times:
+                hung = True
+                self.times["hang_started"] = last
+                fired_at = self.times.get("detector_fired")
+                when = ("; the detector had not fired yet" if not fired_at
+                        else f"; the detector fired {last - fired_at:.2f}s before" if fired_at <= last
+                        else f"; the detector fired {fired_at - last:.2f}s after it began")
+                print(f"[{time.strftime('%H:%M:%S')}] no progress since {time.strftime('%H:%M:%S', time.localtime(last))}: "
+                      f"the job hangs{when}", flush=True)
+                self._save()
+
+    def _save(self) -> None:
+        try:
+            from hangdoc.atomic import write_atomic
+
+            write_atomic(self.path, json.dumps(self.times, indent=1) + "\n")
+        except Exception:
+            pass
+
+
+def _out_dir() -> str:
+    try:
+        from hangdoc.runtime import detect
+
+        det = detect.get()
+        if det is not None:
+            return det.out_dir
+    except ImportError:
+        pass
+    return "."
+
+
+def _peer_skip_time(path: str):
+    """Rank 1 skips; rank 0 reads the time from rank 1's timeline (same output directory)."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "timeline-r1.json")) as f:
+            return json.load(f).get("skip")
+    except (OSError, ValueError):
+        return None
+
+
+if __name__ == "__main__":
+    main()
