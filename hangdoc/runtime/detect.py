@@ -81,10 +81,16 @@ def _dtype_name(dt: Any) -> str:
     return dt if isinstance(dt, str) else str(dt).replace("torch.", "")
 
 
+#: ops whose input shapes legitimately differ by rank (uneven splits): digested without shapes
+SHAPELESS = frozenset({"all_to_all", "all_to_all_single"})
+
+
 def sig_hash(sig: Tuple[Any, ...]) -> int:
     """A 64-bit hash of (op, shapes, dtypes, root) that is the same in every process (``hash()``
     of a string is not: it is salted per process)."""
     op, shapes, dtypes, root = sig
+    if op in SHAPELESS:
+        shapes = ()
     text = f"{op}|{[list(map(int, s)) for s in shapes]}|{[_dtype_name(d) for d in dtypes]}|{root}"
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
