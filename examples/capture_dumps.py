@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,30 +49,14 @@ import time
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hangdoc.proctree import descendants, free_port, kill_tree, parent_map  # noqa: E402
 
 
 def children(pid: int) -> List[int]:
     """Direct children of ``pid``, in pid order (what ``pgrep -P`` prints)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name may hold spaces and parentheses: fields start after the last ')'
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid:
-            out.append(int(name))
-    return sorted(out)
+    return sorted(parent_map().get(pid, []))
 
 
 def environ_of(pid: int) -> Dict[str, str]:
@@ -126,29 +109,9 @@ def start_job(script: str, nproc: int, log_path: str, env_extra: Dict[str, str],
     return proc, log, cmd
 
 
-def descendants(pid: int) -> List[int]:
-    out, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
 def kill_job(proc: subprocess.Popen) -> None:
-    # torchrun puts each rank in a session of its own, so killing the launcher's group is not
-    # enough: every descendant is killed by pid too (collected before the launcher goes away).
-    pids = descendants(proc.pid)
-    for sig in (signal.SIGCONT, signal.SIGKILL):  # SIGCONT first: a stopped process ignores nothing else
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+    # torchrun puts each rank in a session of its own: kill_tree finds and kills every descendant
+    kill_tree(proc.pid)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from hangdoc.proctree import descendants, kill_tree  # noqa: F401  (descendants re-exported for tests)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -64,49 +66,10 @@ def spawn(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None, cwd: Opti
     return subprocess.Popen(list(cmd), env=env_for(env), cwd=cwd, start_new_session=True, **kw)
 
 
-def descendants(pid: int) -> List[int]:
-    """All live descendants of ``pid`` (from /proc), children before grandchildren."""
-    children: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: fields start after the last ')'
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(0), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     """Kill ``proc``, its process group and every descendant (also those in sessions of their own,
     as torchrun's ranks are), then reap ``proc``. No error for what is gone already."""
-    tree = descendants(proc.pid) if proc.poll() is None else []
-    groups = {proc.pid}
-    for pid in tree:
-        try:
-            groups.add(os.getpgid(pid))
-        except OSError:
-            pass
-    groups.discard(os.getpgrp())  # never the test runner's own group
-    for target in [proc.pid] + tree:
-        try:
-            os.kill(target, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-    for pgid in groups:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_tree(proc.pid, sig)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -16,13 +16,15 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # run from a checkout without installing
+
+from hangdoc.proctree import free_port  # noqa: E402
 
 #: scenario -> (script, ranks, extra args)
 SCENARIOS = {
@@ -31,12 +33,6 @@ SCENARIOS = {
     "recv_cycle": ("recv_cycle.py", 2, []),
     "shape_mismatch": ("shape_mismatch.py", 2, []),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(scenario: str, out: str, launcher: str = "direct", timeout: float = 40.0,
@@ -48,7 +44,7 @@ def launch(scenario: str, out: str, launcher: str = "direct", timeout: float = 4
                HANGDOC_HOST="node1", PYTHONUNBUFFERED="1")
     if fr:
         env["TORCH_FR_BUFFER_SIZE"] = "2000"
-    port = _free_port()
+    port = free_port()
     path = os.path.join(HERE, script)
     procs: List[subprocess.Popen] = []
     log = open(os.path.join(out, "launcher.log"), "wb")

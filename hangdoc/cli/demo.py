@@ -17,15 +17,15 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from typing import List, Optional
+from typing import List
 
 from hangdoc.cli import UsageError
+from hangdoc.proctree import descendants, free_port, kill_tree
 
 #: the line the reporting rank prints last (hangdoc.runtime.exchange.verdict)
 _DONE = "hangdoc: full report:"
@@ -40,12 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give up when no verdict came this many seconds after the start (default: timeout + 40)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--quiet", action="store_true", help="show only the verdict, not the job's log")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(script: str, nproc: int, timeout: float, out: str, port: int) -> List[str]:
@@ -165,17 +159,10 @@ def _forward(proc: subprocess.Popen, say: _Printer, verdict: threading.Event) ->
             verdict.set()
 
 
-def _descendants(pid: int) -> List[int]:
-    from hangdoc.collect import all_pids, describe, tree
-
-    infos = {p: i for p in all_pids() for i in [describe(p)] if i is not None}
-    return [p for p in tree(pid, infos) if p != pid]
-
-
 def stop_job(proc: subprocess.Popen, grace: float = 3.0) -> List[int]:
     """Stop torchrun and every process under it (the ranks run in sessions of their own, so
     killing torchrun's process group is not enough); returns the pids it found under it."""
-    pids = _descendants(proc.pid)
+    pids = descendants(proc.pid)
     if proc.poll() is not None and not pids:
         return []
     for target in [proc.pid] + pids:
@@ -184,13 +171,9 @@ def stop_job(proc: subprocess.Popen, grace: float = 3.0) -> List[int]:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         pass
-    for target in [proc.pid] + pids + _descendants(proc.pid):
-        _signal(target, signal.SIGKILL)
-        try:
-            if os.getpgid(target) == target:  # a rank's own group holds its DataLoader workers
-                os.killpg(target, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_tree(proc.pid)
+    for target in pids:  # ranks already re-parented when torchrun went first
+        kill_tree(target)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:

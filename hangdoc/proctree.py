@@ -1,0 +1,88 @@
+"""Process trees from /proc, and killing one whole: what the demo, the dump collector, the test
+harnesses and the capture scripts all need.
+
+torchrun starts each rank in a session of its own, so killing the launcher's process group leaves
+the ranks (and their DataLoader workers) running; :func:`kill_tree` finds every descendant first and
+kills it by pid and by its own process group.
+
+    >>> import os, subprocess, sys
+    >>> p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    >>> p.pid in descendants(os.getpid())
+    True
+    >>> _ = kill_tree(p.pid); p.wait()
+    -9
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from typing import Dict, List
+
+
+def parent_map() -> Dict[int, List[int]]:
+    """``{ppid: [child pids]}`` of every process /proc lists now."""
+    children: Dict[int, List[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            # the command name may hold spaces and parentheses: the fields start after the last ')'
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> List[int]:
+    """Every live descendant of ``pid``, children before grandchildren."""
+    children = parent_map()
+    found: List[int] = []
+    todo = [pid]
+    while todo:
+        for child in sorted(children.get(todo.pop(0), [])):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> List[int]:
+    """Send ``sig`` to ``pid``, all its descendants and their process groups (never the caller's
+    own group); a stopped process is continued first so that it can act on ``sig``.
+    Returns the descendants found. Nothing is raised for processes that are gone already."""
+    tree = descendants(pid)
+    groups = set()
+    for target in [pid] + tree:
+        try:
+            groups.add(os.getpgid(target))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())
+    for s in ((signal.SIGCONT, sig) if sig in (signal.SIGTERM, signal.SIGKILL) else (sig,)):
+        for target in [pid] + tree:
+            try:
+                os.kill(target, s)
+            except OSError:
+                pass
+        for pgid in groups:
+            try:
+                os.killpg(pgid, s)
+            except OSError:
+                pass
+    return tree
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
