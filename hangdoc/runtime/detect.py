@@ -65,6 +65,8 @@ OPINIONS = 3
 UNDECIDED_WAIT = 1.5
 #: how long a checker waits for the older detail it asked for before reporting a bounded index
 FOCUS_WAIT = 3.0
+#: the most a process's exit waits for its last publication
+FINAL_WAIT = 2.0
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3  # FNV-1a's: (d ^ h) * P is order-sensitive and cheap
@@ -692,12 +694,20 @@ class Detector:
             self._act(v, mine=node.claimed)
 
     def _final(self) -> None:
-        # A rank that exits (or fails) right after diverging still leaves its last state behind.
-        try:
-            if self.verdict is None:
+        # A rank that exits (or fails) right after diverging still leaves its last state behind;
+        # bounded, so that a store that stopped answering cannot delay the exit for long.
+        if self.verdict is not None or self.node is None:
+            return
+
+        def last() -> None:
+            try:
                 self._tick(final=True)
-        except Exception:
-            pass
+            except Exception:
+                pass
+
+        t = threading.Thread(target=last, name="hangdoc-detect-final", daemon=True)
+        t.start()
+        t.join(FINAL_WAIT)
 
     def _act(self, v: Verdict, mine: bool) -> None:
         if self.verdict is not None:
