@@ -83,8 +83,9 @@ def _dtype_name(dt: Any) -> str:
     return dt if isinstance(dt, str) else str(dt).replace("torch.", "")
 
 
-#: ops whose input shapes legitimately differ by rank (uneven splits): digested without shapes
-SHAPELESS = frozenset({"all_to_all", "all_to_all_single"})
+#: ops whose recorded input shapes legitimately differ by rank (uneven splits; an object that is a
+#: list of any length on each rank): digested without shapes
+SHAPELESS = frozenset({"all_to_all", "all_to_all_single", "gather_object", "all_gather_object", "scatter_object_list"})
 
 
 def sig_hash(sig: Tuple[Any, ...]) -> int:
