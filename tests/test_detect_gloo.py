@@ -75,6 +75,8 @@ CORRECT = textwrap.dedent('''\
         w.wait()
         if step % 100 == 0:
             dist.broadcast_object_list([{"step": step}], src=0); n += 1
+            got = [None] * world
+            dist.all_gather_object(got, list(range(rank + step))); n += 1  # objects differ by rank
             time.sleep(0.2 * (rank + 1))  # ranks quiet at different times
         if step % 50 == 0:
             outs = [torch.zeros(6) for _ in range(world)]
