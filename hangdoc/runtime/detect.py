@@ -111,7 +111,7 @@ def digest_of(sigs: Iterable[Tuple[Any, ...]]) -> int:
 
 
 class _Group:
-    __slots__ = ("name", "ranks", "n", "d", "ring", "cps")
+    __slots__ = ("name", "ranks", "n", "d", "ring", "cps", "seen", "scanned", "names")
 
     def __init__(self, name: str, ranks: Tuple[int, ...]):
         self.name = name
@@ -121,6 +121,20 @@ class _Group:
         # ring[i % RING] = (i, digest after i, signature hash, recorder tuple)
         self.ring: List[Any] = [None] * RING
         self.cps: collections.deque = collections.deque(maxlen=CHECKPOINTS)
+        # kept by the daemon, not the hot path: (signature hash, call site) -> first index seen,
+        # the index scanned up to, and the descriptions of those pairs
+        self.seen: Dict[Any, int] = {}
+        self.scanned = 0
+        self.names: Dict[Any, Tuple[str, str]] = {}
+
+
+def _pair(e: tuple) -> Any:
+    """(signature hash, call site) of a ring entry, cheap to hash (a code object's hash walks its
+    bytecode)."""
+    site = e[3][8]
+    if type(site) is tuple:
+        return (e[2], id(site[0]), site[1])
+    return (e[2], site)
 
 
 class Digests:
@@ -219,11 +233,15 @@ def _window(g: _Group, lo: int, hi: int, describe: Callable[[tuple], Tuple[str, 
     table: Dict[Tuple[int, Any], List[Any]] = {}
     sig: List[int] = []
     for e in entries:
-        k = (e[2], e[3][8])
+        k = _pair(e)
         t = table.get(k)
         if t is None:
-            desc, where = describe(e[3])
-            t = table[k] = [format(e[2], "x"), desc, where, first_seen.get(k, e[0]), len(table)]
+            named = g.names.get(k)
+            if named is None:
+                if len(g.names) > 4096:
+                    g.names.clear()
+                named = g.names[k] = describe(e[3])
+            t = table[k] = [format(e[2], "x"), named[0], named[1], first_seen.get(k, e[0]), len(table)]
         sig.append(t[4])
     return {"start": start, "base": format(base, "x"), "sig": sig,
             "tab": [v[:4] for v in sorted(table.values(), key=lambda v: v[4])]}
@@ -237,12 +255,15 @@ def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str,
     out: Dict[str, Any] = {"rank": rank, "t": round(time.time(), 3), "quiet": quiet, "g": {}}
     for name, g in list(digests.groups.items()):
         n = g.n
-        first_seen: Dict[Any, int] = {}
+        first_seen = g.seen
+        if len(first_seen) > 65536:  # dynamic shapes: keep it bounded
+            first_seen.clear()
         ring = g.ring
-        for i in range(max(0, n - RING + 1), n):
+        for i in range(max(g.scanned, n - RING + 1), n):  # only what came since the last look
             e = ring[i & (RING - 1)]
             if e is not None and e[0] == i:
-                first_seen.setdefault((e[2], e[3][8]), i)
+                first_seen.setdefault(_pair(e), i)
+        g.scanned = n
         wins = []
         if focus and focus[0] == name:
             lo, hi = int(focus[1]), min(int(focus[2]), int(focus[1]) + 2 * CHECKPOINT, n)
