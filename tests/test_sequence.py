@@ -176,3 +176,19 @@ def test_long_sequences_stay_fast():
     divs = sequence.divergences(make(seqs))
     assert [d.ranks for d in divs] == [[5]]
     assert time.perf_counter() - t0 < 10  # linear walk: ~160k records in well under a second unloaded
+
+
+def test_send_recv_counts_do_not_trim_collectives_when_nothing_wrapped():
+    # Sequence numbers count p2p too: stage 0 sent twice before its all_reduces, stage 1 received
+    # once. Nothing was lost from the ring buffer, so no collective may be trimmed away.
+    from hangdoc.analysis.sequence import divergences
+    from hangdoc.model import CollectiveRecord as R
+
+    done = dict(state="completed")
+    stage0 = [R(rank=0, seq=0, op="send", peer=1, **done), R(rank=0, seq=1, op="send", peer=1, **done)]
+    stage0 += [R(rank=0, seq=2 + i, op="all_reduce", shapes=((4,),), dtypes=("float32",), **done) for i in range(3)]
+    stage1 = [R(rank=1, seq=0, op="recv", peer=0, **done)]
+    stage1 += [R(rank=1, seq=1 + i, op="all_reduce", shapes=((4,),), dtypes=("float32",), **done) for i in range(3)]
+    assert divergences(stage0 + stage1) == []
+    # one all_reduce fewer on stage 1 is still found
+    assert divergences(stage0 + stage1[:-1])

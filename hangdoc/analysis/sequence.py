@@ -185,13 +185,32 @@ def _mismatch_detail(exp: CollectiveRecord, act: CollectiveRecord) -> str:
     return "/".join(parts) or "signature"
 
 
-def _trim_start(per_rank: Dict[int, List[CollectiveRecord]]) -> Dict[int, List[CollectiveRecord]]:
-    """A wrapped ring buffer loses old records: start every rank at the latest common first seq."""
+def _trim_start(per_rank: Dict[int, List[CollectiveRecord]], wrapped: bool = True) -> Dict[int, List[CollectiveRecord]]:
+    """A wrapped ring buffer loses old records: start every rank at the latest common first seq.
+
+    ``wrapped`` says whether any rank of the group lost records at all: sequence numbers count
+    send/recv too, so ranks of a pipeline start their collectives at different seqs with nothing lost.
+    """
     firsts = [lst[0].seq for lst in per_rank.values() if lst]
     start = max(firsts) if firsts else 0
-    if start == 0 or len(set(firsts)) == 1:
+    if not wrapped or start == 0 or len(set(firsts)) == 1:
         return per_rank
     return {r: [x for x in lst if x.seq >= start] for r, lst in per_rank.items()}
+
+
+def _aligned_groups(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, List[CollectiveRecord]]]:
+    """Group -> rank -> collectives, trimmed to a common start only where a ring buffer wrapped."""
+    records = list(records)
+    first_any: Dict[Tuple[str, int], int] = {}
+    for r in one_origin(records):
+        key = (r.group, r.rank)
+        if key not in first_any or r.seq < first_any[key]:
+            first_any[key] = r.seq
+    groups = collectives(records)
+    return {
+        name: _trim_start(per_rank, wrapped=any(first_any.get((name, rank), 0) > 0 for rank in per_rank))
+        for name, per_rank in groups.items()
+    }
 
 
 def divergences(records: Iterable[CollectiveRecord], hung: bool = False) -> List[Divergence]:
@@ -203,9 +222,9 @@ def divergences(records: Iterable[CollectiveRecord], hung: bool = False) -> List
     plugin has them) that rank issued fewer collectives than the others: a divergence.
     """
     out: List[Divergence] = []
-    groups = collectives(records)
+    groups = _aligned_groups(records)
     for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
-        out.extend(_align_group(name, _trim_start(groups[name]), hung)[0])
+        out.extend(_align_group(name, groups[name], hung)[0])
     out.sort(key=lambda d: (d.group != "default_pg", d.group, d.index))
     return out
 
@@ -325,9 +344,9 @@ def lags(records: Iterable[CollectiveRecord]) -> List[Lag]:
     ([([1], [0, 2], 2)], [])
     """
     out: List[Lag] = []
-    groups = collectives(records)
+    groups = _aligned_groups(records)
     for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
-        out.extend(_align_group(name, _trim_start(groups[name]), True)[2])
+        out.extend(_align_group(name, groups[name], True)[2])
     return out
 
 
@@ -392,9 +411,9 @@ def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[St
 def stream_mismatches(records: Iterable[CollectiveRecord]) -> List[StreamMismatch]:
     """Aligned collectives issued on a different CUDA stream (or phase) on a minority of ranks."""
     out: List[StreamMismatch] = []
-    groups = collectives(records)
+    groups = _aligned_groups(records)
     for name in sorted(groups):
-        out.extend(_align_group(name, _trim_start(groups[name]))[1])
+        out.extend(_align_group(name, groups[name])[1])
     return out
 
 
