@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent('''
     import json, os, socket, sys
+    N = int(sys.argv[2])
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
     import torch, torch.distributed as dist
@@ -36,7 +37,7 @@ SCRIPT = textwrap.dedent('''
     if sys.argv[1] == "work":
         R._install_wait()
     t = torch.ones(4).as_subclass(OnCuda)
-    for _ in range(40):
+    for _ in range(N):
         dist.all_reduce(t)
     markers = sorted({type(m).__name__ for q in rec._events.values() for m, _ in q})
     pending_before = len(rec.pending())
@@ -52,9 +53,9 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(mode):
+def run(mode, n=40):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=60, env=env,
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(n)], capture_output=True, text=True, timeout=60, env=env,
                        cwd=ROOT, start_new_session=True)
     assert r.returncode == 0, r.stderr
     import json
@@ -75,3 +76,12 @@ def test_event_mode_completes_in_stream_order_only_when_events_complete():
     # Nothing is completed before its event is: a sync CUDA call returning is not completion.
     assert out["pending_before"] == 40
     assert out["pending_after"] == 0 and out["progress"] == 40
+
+
+def test_event_mode_backlog_tail_completes_through_a_tail_event():
+    # 100 calls with no GPU progress: past 64 pending only every 16th call records an event; the
+    # newest records get one when someone looks (pending()), so none stays issued once done.
+    out = run("event", 100)
+    assert out["pending_before"] == 100
+    assert 64 < out["events"] < 100
+    assert out["pending_after"] == 0 and out["progress"] == 100

@@ -225,6 +225,8 @@ class Recorder:
         # it; past a backlog only every 16th call records an event. Events are pooled for reuse.
         self._events: Dict[str, collections.deque] = {}
         self._event_pool: List[Any] = []
+        self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for tail events
+        self._sweep_lock = threading.Lock()
         self._seq: Dict[Any, int] = {}
         self.errors = 0
         self.dumped_to: Optional[str] = None
@@ -279,11 +281,40 @@ class Recorder:
                     for rec in recs:
                         self._complete(rec)
             for stream, entries in list(self._events.items()):
+                self._mark_tail(stream, entries)
                 self._sweep_stream(entries)
         except Exception as e:  # a torn-down process group must not break the watchdog
             _report(e)
 
+    def _mark_tail(self, key: str, entries: collections.deque) -> None:
+        """Past a backlog only every 16th call records an event, so the newest records may have
+        none: an event recorded now on their stream follows all of them (work on one stream runs
+        in order), so they are seen completed once the GPU got there, and never before."""
+        if not entries or entries[-1][0] is not None:
+            return
+        stream = self._stream_objs.get(key)
+        if stream is None:
+            return
+        last = entries[-1]
+        ev = self._event_pool.pop() if self._event_pool else _new_event()
+        _record_event(ev, stream)
+        # The caller's thread may have appended meanwhile (appends only, on the right): find
+        # ``last`` again by identity.
+        for i in range(len(entries) - 1, max(-1, len(entries) - 64), -1):
+            if entries[i] is last:
+                entries[i] = (ev, last[1])
+                return
+
     def _sweep_stream(self, entries: collections.deque) -> None:
+        # The watchdog's thread and the caller's may both sweep: one at a time, the other skips.
+        if not self._sweep_lock.acquire(False):
+            return
+        try:
+            self._sweep_stream_locked(entries)
+        finally:
+            self._sweep_lock.release()
+
+    def _sweep_stream_locked(self, entries: collections.deque) -> None:
         # In-order completion: binary-search the newest completed marker (O(log n) queries), after
         # asking the newest one first: a GPU keeping up has finished everything (one query).
         marks = [i for i, (ev, _rec) in enumerate(entries) if ev is not None]
@@ -334,6 +365,7 @@ class Recorder:
         entries = self._events.get(key)
         if entries is None:
             entries = self._events[key] = collections.deque()
+            self._stream_objs[key] = stream[1]
         n = len(entries)
         cap = _capture
         caught = cap[2]
@@ -584,10 +616,12 @@ _STREAMS: Dict[tuple, Tuple[str, Any]] = {}
 _CUR_STREAM: List[Callable[[int], tuple]] = [lambda device: ()]
 _new_event: Callable[[], Any] = lambda: None
 _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
-#: How synchronous CUDA calls are seen completed: "work" (the backend's own Work, caught in the
-#: Work.wait() that c10d calls for a synchronous call; NCCL already records its end event, so this
-#: adds no CUDA call; a CUDA event when no Work shows up) or "event" (a pooled CUDA event per call).
-_CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "work")
+#: How synchronous CUDA calls are seen completed: "event" (a pooled CUDA event per call; past a
+#: backlog every 16th, plus one for the newest records when someone looks) or "work" (the
+#: backend's own Work, caught in the Work.wait() that c10d calls for a synchronous call, falling
+#: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work reached Python's wait()
+#: for synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
+_CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
 
