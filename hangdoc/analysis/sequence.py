@@ -271,7 +271,8 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]], hung: b
             else:
                 basis = "tie"
         if len(counts) == 1 and not ended:
-            _check_streams(name, column, {r: per_rank[r][pos[r]] for r in here}, streams)
+            _check_streams(name, column, {r: per_rank[r][pos[r]] for r in here}, streams,
+                           {r: per_rank[r][pos[r] - 1] if pos[r] else None for r in here})
             for r in here:
                 history[(per_rank[r][pos[r]].call_site, here[r])] += 1
                 follows[(sigs[r][pos[r] - 1] if pos[r] else None, here[r])] += 1
@@ -387,7 +388,8 @@ def _extra_at_end(name, column, per_rank, r, p, finished) -> Divergence:
     return Divergence(name, "extra", [r], last, act, column, s, sorted(finished))
 
 
-def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[StreamMismatch]) -> None:
+def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[StreamMismatch],
+                   prev: Optional[Dict[int, Optional[CollectiveRecord]]] = None) -> None:
     if out and out[-1].group == name:
         return  # the first misplacement of a group is the cause; later ones are usually the same bug
     for what in ("stream", "phase"):
@@ -397,10 +399,18 @@ def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[St
         counts = Counter(values.values())
         ranked = counts.most_common()
         if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-            continue  # no majority: nothing says which side is misplaced
-        top = ranked[0][0]
-        bad = sorted(r for r, v in values.items() if v != top)
-        good = sorted(r for r, v in values.items() if v == top)
+            # No majority (two ranks): the side that left the stream its previous op of this group
+            # was on is the misplaced one; if both or neither did, nothing says which.
+            moved = {r for r, v in values.items() if prev and prev.get(r) is not None
+                     and getattr(prev[r], what) is not None and getattr(prev[r], what) != v}
+            if not moved or len(moved) == len(values):
+                continue
+            bad = sorted(moved)
+            good = sorted(r for r in values if r not in moved)
+        else:
+            top = ranked[0][0]
+            bad = sorted(r for r, v in values.items() if v != top)
+            good = sorted(r for r, v in values.items() if v == top)
         exp, act = recs[good[0]], recs[bad[0]]
         s = (f"{describe_ranks(bad)} issued {_what(act)} at {site(act)} on {what} {getattr(act, what)!r} where "
              f"{describe_ranks(good)} issued it on {what} {getattr(exp, what)!r}")
