@@ -105,3 +105,101 @@ def test_cli_on_a_scenario_directory():
 
     top = json.loads(r.stdout)["findings"][0]
     assert top["kind"] == "collective-mismatch" and [c["rank"] for c in top["culprits"]] == [1]
+
+
+# -- run 2: through `python -m hangdoc --record --hang-timeout 8`: + records, watchdog stacks ------
+
+RUN2 = os.path.join(RUN1, "hangdoc-run")
+
+
+def run2(scenario, *parts):
+    return os.path.join(RUN2, scenario, *parts)
+
+
+def v2(scenario, *parts):
+    paths = [run2(scenario, p) for p in parts] if parts else [run2(scenario)]
+    return verdict(*paths, rank_map=run2(scenario, "rank-map.txt"))
+
+
+def all_findings(scenario, *parts):
+    job = read_paths([run2(scenario, p) for p in parts], read_rank_map(run2(scenario, "rank-map.txt")))
+    return analyse(job).findings
+
+
+def test_run2_skip_broadcast():
+    # py-spy --native: host sync, nobody named; the watchdog's own stacks (Python only) even read
+    # as busy ("no-hang"): the .item() is a C call, the CUDA driver spins.
+    kind, ranks, _, _ = v2("nccl_skip_broadcast", "trace-gpu1.out")
+    assert kind == "collective-wait" and not ranks
+    kind, ranks, _, _ = v2("nccl_skip_broadcast", "watchdog")
+    assert kind in ("no-hang", "collective-wait") and not ranks
+    for parts in (("records",), ("fr",), ()):
+        kind, ranks, _, summary = v2("nccl_skip_broadcast", *parts)
+        assert (kind, ranks) == ("collective-mismatch", {1}), parts
+        assert "rank 1 skipped broadcast" in summary
+
+
+def test_run2_recorder_completion_matches_flight_recorder():
+    # Recorder completion on NCCL without a sync of its own, checked against NCCL's watchdog (the
+    # Flight Recorder states of the same run), op by op, in every scenario that dumped one.
+    # hangdoc's seq counts from 0, Flight Recorder's collective_seq_id from 1.
+    from hangdoc.analysis.sequence import pending
+
+    for scenario in ("nccl_skip_broadcast", "nccl_pipeline_cycle", "nccl_dataloader_deadlock"):
+        ours = read_paths([run2(scenario, "records")]).records
+        theirs = read_paths([run2(scenario, "fr")]).records
+        a = sorted((x.rank, x.seq + 1, x.op, x.state) for x in ours if x.group == "default_pg")
+        b = sorted((x.rank, x.seq, x.op, x.state) for x in theirs)
+        assert a == b, scenario
+    job = read_paths([run2("nccl_skip_broadcast", "records")])
+    first = {r: lst[0] for r, lst in pending(job.records).items()}
+    # rank 0's broadcast #7 completed (as root it only sends), paired with rank 1's all_reduce #7,
+    # which never completes; rank 0 then waits in all_reduce #8.
+    assert (first[0].op, first[0].seq) == ("all_reduce", 8)
+    assert (first[1].op, first[1].seq) == ("all_reduce", 7)
+
+
+def test_run2_dataloader_deadlock():
+    for parts in (("trace-gpu1.out",), ("watchdog",)):
+        kind, ranks, pids, _ = v2("nccl_dataloader_deadlock", *parts)
+        assert kind == "dataloader-stall" and ranks == {1} and 886 in pids, parts
+    for parts in (("records",), ("fr",)):
+        kind, ranks, _, summary = v2("nccl_dataloader_deadlock", *parts)
+        assert (kind, ranks) == ("collective-wait", set()) and "for rank 1" in summary, parts
+    # Together: the records' collective-wait now names rank 1 (its stack shows where it is), and
+    # the DataLoader stall is the next finding, on the same process.
+    found = all_findings("nccl_dataloader_deadlock", "trace-gpu1.out", "records", "fr")
+    assert {c.rank for c in found[0].culprits if c.rank is not None} == {1}
+    stall = [f for f in found if f.kind == "dataloader-stall"]
+    assert stall and 886 in {c.pid for c in stall[0].culprits}
+
+
+def test_run2_pipeline_cycle():
+    kind, ranks, _, _ = v2("nccl_pipeline_cycle", "trace-gpu1.out")
+    assert kind == "collective-wait" and not ranks
+    for parts in (("records",), ("fr",), ()):
+        kind, ranks, _, summary = v2("nccl_pipeline_cycle", *parts)
+        assert (kind, ranks) == ("p2p-cycle", {0, 1}), parts
+        assert "recv" in summary or "cycle" in summary
+
+
+def test_run2_stream_misplacement():
+    for parts in (("trace-gpu1.out",), ("watchdog",)):
+        kind, ranks, _, summary = v2("nccl_stream_misplacement", *parts)
+        assert kind == "collective-wait" and not ranks and "synchronize" in summary, parts
+    # No Flight Recorder dump (NCCL's watchdog never fired) and FR records no streams anyway:
+    # only hangdoc's records see rank 1's backward all_reduce on the forward stream.
+    assert not os.path.isdir(run2("nccl_stream_misplacement", "fr"))
+    for parts in (("records",), ()):
+        kind, ranks, _, summary = v2("nccl_stream_misplacement", *parts)
+        assert (kind, ranks) == ("stream-misplacement", {1}), parts
+        assert "stream99" in summary and "stream131" in summary
+
+
+def test_run2_stream_misplacement_completion_state():
+    # Per op and per stream: the three healthy steps completed, step 3's four calls are pending.
+    job = read_paths([run2("nccl_stream_misplacement", "records")])
+    by_state = {}
+    for x in job.records:
+        by_state.setdefault(x.state, set()).add(x.seq)
+    assert by_state["issued"] == {4} and max(by_state["completed"]) == 3
