@@ -619,8 +619,8 @@ _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
 #: How synchronous CUDA calls are seen completed: "event" (a pooled CUDA event per call; past a
 #: backlog every 16th, plus one for the newest records when someone looks) or "work" (the
 #: backend's own Work, caught in the Work.wait() that c10d calls for a synchronous call, falling
-#: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work reached Python's wait()
-#: for synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
+#: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work was caught this way for
+#: synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
 _CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
