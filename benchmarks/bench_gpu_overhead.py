@@ -3,7 +3,7 @@
 Four configurations, each a fresh 2-rank torchrun job, run one after the other in the same command
 and repeated in alternation (so drift hits all of them alike):
 (a) nothing, (b) Flight Recorder on (TORCH_FR_BUFFER_SIZE), (c) hangdoc recorder on, (d) both,
-and (c') hangdoc's recorder with a CUDA event per call instead of the backend's Work.
+and (c') hangdoc's recorder trying the backend's Work instead of its own CUDA events.
 Each job times a loop of small (4 KB) and medium (64 MB) all_reduce and a small DDP training step.
 
     python benchmarks/bench_gpu_overhead.py            # driver: runs the jobs, prints the table
@@ -27,8 +27,8 @@ CONFIGS = {
     "none": dict(_FR_OFF),
     "flight-recorder": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"},
     "hangdoc": {**_FR_OFF, "HANGDOC_BENCH_RECORD": "1"},
-    # the same recorder completing synchronous CUDA calls with a CUDA event of its own per call
-    "hangdoc-events": {**_FR_OFF, "HANGDOC_BENCH_RECORD": "1", "HANGDOC_CUDA_COMPLETION": "event"},
+    # the same recorder trying the backend's Work for synchronous CUDA calls (events are the default)
+    "hangdoc-work": {**_FR_OFF, "HANGDOC_BENCH_RECORD": "1", "HANGDOC_CUDA_COMPLETION": "work"},
     "both": {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "HANGDOC_BENCH_RECORD": "1"},
 }
 
