@@ -293,9 +293,17 @@ class Recorder:
         if not entries or entries[-1][0] is not None:
             return
         stream = self._stream_objs.get(key)
-        if stream is None:
+        if stream is None or not self._sweep_lock.acquire(False):  # a sweep pops meanwhile: next time
             return
+        try:
+            self._mark_tail_locked(entries, stream)
+        finally:
+            self._sweep_lock.release()
+
+    def _mark_tail_locked(self, entries: collections.deque, stream: Any) -> None:
         last = entries[-1]
+        if last[0] is not None:
+            return
         ev = self._event_pool.pop() if self._event_pool else _new_event()
         _record_event(ev, stream)
         # The caller's thread may have appended meanwhile (appends only, on the right): find
