@@ -166,12 +166,13 @@ def test_run2_dataloader_deadlock():
     for parts in (("records",), ("fr",)):
         kind, ranks, _, summary = v2("nccl_dataloader_deadlock", *parts)
         assert (kind, ranks) == ("collective-wait", set()) and "for rank 1" in summary, parts
-    # Together: the records' collective-wait now names rank 1 (its stack shows where it is), and
-    # the DataLoader stall is the next finding, on the same process.
+    # Together: the records show rank 1 behind and its stack says why: the DataLoader stall is the
+    # headline, on the same process, with the records' agreement in its evidence.
     found = all_findings("nccl_dataloader_deadlock", "trace-gpu1.out", "records", "fr")
+    assert found[0].kind == "dataloader-stall"
     assert {c.rank for c in found[0].culprits if c.rank is not None} == {1}
-    stall = [f for f in found if f.kind == "dataloader-stall"]
-    assert stall and 886 in {c.pid for c in stall[0].culprits}
+    assert 886 in {c.pid for c in found[0].culprits}
+    assert any(e.startswith("the collective records agree") for e in found[0].evidence)
 
 
 def test_run2_pipeline_cycle():

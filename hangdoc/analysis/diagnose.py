@@ -84,6 +84,8 @@ def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> Lis
     ['the stacks alone said: rank 0 waits in broadcast (pointing at ranks 1-2, not only at rank 2)', 'rank 0: broadcast']
     """
     real = [f for f in found if f.kind != "no-hang"]
+    if origins:
+        _corroborate(real, origins)
     keep = sorted(real if real else found, key=lambda f: -f.confidence)
     if not origins:
         return keep
@@ -98,6 +100,25 @@ def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> Lis
             continue
         _fold(head, f, origins.get(id(f), "another rule"))
     return out
+
+
+def _ranks(f: Finding) -> frozenset:
+    return frozenset(c.rank for c in f.culprits if c.rank is not None)
+
+
+def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
+    """A rank the records show merely *behind* (a ``collective-wait`` naming it) is explained by
+    a stack finding that names the same ranks (a DataLoader stall, a stopped process): that
+    finding says why, so it becomes the headline, with the records' agreement as evidence."""
+    lags = [f for f in found if f.kind == "collective-wait" and origins.get(id(f)) == "collective records" and _ranks(f)]
+    for lag in lags:
+        for f in found:
+            if f is lag or f.kind in ("collective-wait", "no-hang") or origins.get(id(f)) != "stacks":
+                continue
+            ranks = _ranks(f)
+            if ranks and ranks <= _ranks(lag):
+                f.confidence = max(f.confidence, lag.confidence + 0.05)
+                f.evidence.append(f"the collective records agree: {lag.summary}")
 
 
 def _who(culprits: List[Culprit]) -> str:
