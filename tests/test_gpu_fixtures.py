@@ -45,7 +45,7 @@ def test_skip_broadcast_flight_recorder_names_rank_1():
     # FR pairs equal sequence numbers (rank 0's broadcast #8 with rank 1's all_reduce #8); the
     # alignment sees rank 1 issuing all_reduce where the loop always issued broadcast next.
     assert (kind, ranks) == ("collective-mismatch", {1})
-    assert "rank 1 skipped broadcast #8" in summary
+    assert "rank 1 skipped broadcast #7" in summary
 
 
 def test_skip_broadcast_together():
@@ -81,7 +81,7 @@ def test_dataloader_flight_recorder_sees_rank_1_behind():
     # issued. Being behind alone blames nobody (no culprit) until a stack says why.
     kind, ranks, _, summary = verdict(run1("nccl_dataloader_deadlock", "fr"))
     assert (kind, ranks) == ("collective-wait", set())
-    assert "all_reduce #4" in summary and "for rank 1" in summary
+    assert "all_reduce #3" in summary and "for rank 1" in summary
 
 
 def test_dataloader_together():
@@ -142,13 +142,13 @@ def test_run2_skip_broadcast():
 def test_run2_recorder_completion_matches_flight_recorder():
     # Recorder completion on NCCL without a sync of its own, checked against NCCL's watchdog (the
     # Flight Recorder states of the same run), op by op, in every scenario that dumped one.
-    # hangdoc's seq counts from 0, Flight Recorder's collective_seq_id from 1.
+    # Both count from 0 (the reader shifts Flight Recorder's collective_seq_id, which counts from 1).
     from hangdoc.analysis.sequence import pending
 
     for scenario in ("nccl_skip_broadcast", "nccl_pipeline_cycle", "nccl_dataloader_deadlock"):
         ours = read_paths([run2(scenario, "records")]).records
         theirs = read_paths([run2(scenario, "fr")]).records
-        a = sorted((x.rank, x.seq + 1, x.op, x.state) for x in ours if x.group == "default_pg")
+        a = sorted((x.rank, x.seq, x.op, x.state) for x in ours if x.group == "default_pg")
         b = sorted((x.rank, x.seq, x.op, x.state) for x in theirs)
         assert a == b, scenario
     job = read_paths([run2("nccl_skip_broadcast", "records")])

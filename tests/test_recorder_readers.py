@@ -66,8 +66,8 @@ def test_flight_recorder_real_gloo_dump():
     recs = flight_recorder.read(path, src)
     assert src.errors == []
     assert [(r.rank, r.seq, r.op, r.state) for r in recs] == [
-        (0, 1, "all_reduce", "completed"), (0, 2, "all_reduce", "completed"), (0, 3, "all_reduce", "completed"),
-        (0, 4, "broadcast", "issued")]
+        (0, 0, "all_reduce", "completed"), (0, 1, "all_reduce", "completed"), (0, 2, "all_reduce", "completed"),
+        (0, 3, "broadcast", "issued")]
     assert recs[0].shapes == ((8,),) and recs[0].dtypes == ("float32",) and recs[0].group == "default_pg"
     assert recs[-1].call_site.endswith("examples/records/skip_broadcast.py:13:<module>")
 
@@ -94,9 +94,9 @@ def test_nccl_style_p2p_names_and_pg_config(tmp_path):
          "profiling_name": "nccl:_allgather_base", "input_sizes": [[4]], "input_dtypes": ["Half"], "state": "completed"}]}
     p = _write(tmp_path, "nccl_trace_rank_4", pickle.dumps(dump))
     send, ag = flight_recorder.read(p, Source(p))
-    assert (send.op, send.peer, send.seq, send.group, send.group_ranks, send.state) == ("send", 6, 1, "5", (4, 6), "issued")
+    assert (send.op, send.peer, send.seq, send.group, send.group_ranks, send.state) == ("send", 6, 0, "5", (4, 6), "issued")
     assert send.dtypes == ("bfloat16",) and send.time_issued == 5.0
-    assert (ag.op, ag.seq, ag.dtypes, ag.state) == ("all_gather_into_tensor", 7, ("float16",), "completed")
+    assert (ag.op, ag.seq, ag.dtypes, ag.state) == ("all_gather_into_tensor", 6, ("float16",), "completed")
 
 
 class _Evil:
@@ -130,7 +130,7 @@ def test_bad_entry_is_skipped_with_its_index(tmp_path):
     p = _write(tmp_path, "fr_rank_7.json", json.dumps(dump))
     src = Source(p)
     [r] = flight_recorder.read(p, src)
-    assert (r.rank, r.op, r.seq, r.group, r.state) == (7, "barrier", 3, "default_pg", "issued")
+    assert (r.rank, r.op, r.seq, r.group, r.state) == (7, "barrier", 2, "default_pg", "issued")
     assert [e.line for e in src.errors] == [1]
 
 

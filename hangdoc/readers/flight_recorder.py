@@ -198,7 +198,8 @@ def _record(e: Dict[str, Any], rank: int, ranks_of: Dict[str, Tuple[int, ...]]) 
     if src is not None:
         other = dst if op == "send" else src
         peer = ranks[other] if ranks and 0 <= other < len(ranks) else other
-    seq = int(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"])
+    # Flight Recorder counts from 1; hangdoc's records (and every "#N" in a report) count from 0.
+    seq = max(0, int(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"]) - 1)
     state = str(e.get("state", ""))
     # gloo leaves finished entries "scheduled" but retired; NCCL marks them "completed", and its
     # watchdog also retires an entry that timed out or was aborted, never completed.
