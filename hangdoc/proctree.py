@@ -22,7 +22,7 @@ from typing import Dict, List
 
 
 def parent_map() -> Dict[int, List[int]]:
-    """``{ppid: [child pids]}`` of every process /proc lists now."""
+    """``{ppid: [child pids]}`` of every live (not zombie) process /proc lists now."""
     children: Dict[int, List[int]] = {}
     try:
         entries = os.listdir("/proc")
@@ -35,8 +35,11 @@ def parent_map() -> Dict[int, List[int]]:
             with open(f"/proc/{entry}/stat", "rb") as f:
                 stat = f.read()
             # the command name may hold spaces and parentheses: the fields start after the last ')'
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+            fields = stat[stat.rindex(b")") + 2:].split()
+            ppid = int(fields[1])
         except (OSError, ValueError, IndexError):
+            continue
+        if fields[0] == b"Z":  # a zombie has exited already: nothing to dump, wait for or kill
             continue
         children.setdefault(ppid, []).append(int(entry))
     return children

@@ -13,40 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # run from a checkout without installing
+
+from hangdoc.proctree import descendants, free_port, kill_tree  # noqa: E402
 SCENARIOS = ["nccl_skip_broadcast", "nccl_dataloader_deadlock", "nccl_pipeline_cycle", "nccl_stream_misplacement"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> list:
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in sorted(children.get(p, [])):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def pyspy(pid: int, *flags: str) -> str:
@@ -100,10 +75,7 @@ def capture(name: str, out: str, use_hangdoc: bool, hang_wait: float, nccl_timeo
                     break
                 time.sleep(1)
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_tree(proc.pid)  # torchrun's ranks run in sessions of their own
             proc.wait(timeout=30)
     print(f"{name}: {sorted(os.listdir(d))} fr={sorted(os.listdir(os.path.join(d, 'fr')))}", flush=True)
 

@@ -27,6 +27,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from hangdoc.proctree import parent_map
+
 #: environment variable naming the control pipe's read end in a rank process.
 CONTROL_FD_ENV = "HANGDOC_TESTING_CONTROL_FD"
 #: byte the parent writes to ask a rank for its stacks and records.
@@ -193,25 +195,8 @@ def pyspy_dump(pids: Sequence[int], timeout: float = 15.0) -> Dict[int, str]:
 
 
 def child_pids(pid: int) -> List[int]:
-    """Direct children of ``pid`` from /proc (Linux), without psutil."""
-    found: List[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        # The command name in parentheses may contain spaces; fields after the last ')'.
-        rest = stat.rsplit(")", 1)[-1].split()
-        if len(rest) >= 2 and rest[1] == str(pid) and rest[0] != "Z":
-            found.append(int(name))
-    return found
+    """Direct live children of ``pid`` from /proc (Linux), without psutil."""
+    return sorted(parent_map().get(pid, []))
 
 
 def start_guard(fd: int, on_dump) -> threading.Thread:
