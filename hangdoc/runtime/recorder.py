@@ -111,78 +111,198 @@ class _Spec:
         self.extract = _make_extractor(self)
 
 
-def _make_extractor(spec: "_Spec") -> Callable[[tuple, dict, Any], tuple]:
-    """``issue(args, kwargs, frame) -> (record, first tensor)`` specialised for one function
-    (for a CUDA tensor, ``(stream name, stream object)`` instead of the tensor).
+def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: str, async_op: str) -> List[str]:
+    """The statements that build and buffer one record, specialised for one function: they read
+    the call's arguments from the expressions given and leave ``_rec`` (None: not recorded) and
+    ``_first`` (the first tensor; for a CUDA tensor ``(stream name, stream object)``), plus the
+    record's fields as locals (the completion rebuilds the record from them). Needs ``_r`` (the
+    Recorder) and ``_frame``/``_hit`` (the caller's frame and its code kind) in scope.
 
-    Generated once per function at wrap time: argument positions become constant indexes and the
-    common cases (one tensor, a user frame calling directly) are inlined, so the hot path makes no
-    signature binding and few calls. The rare cases go through the generic helpers.
+    Dead branches are left out at generation time rather than tested per call.
     """
-    lines = ["def issue(args, kwargs, frame, hit):", "    n = len(args)"]
+    op = spec.op
+    out = [
+        f"_info = _groups.get({group})",
+        "if _info is None:",
+        f"    _info = _group_info({group})",
+        "if _info is None:",
+        "    _rec = _first = None",
+        "else:",
+    ]
+    b = [
+        "_seqs = _r._seq",
+        "_key = _info[0]",
+        "_seq = _seqs.get(_key, 0)",
+        "_seqs[_key] = _seq + 1",
+        f"_root = {root}",
+    ]
+    if value == "None":
+        b += ["_first = None", "_shapes = _dtypes = ()"]
+    elif spec.objects:
+        b += [f"if {value} is None:", "    _first = None", "    _shapes = _dtypes = ()",
+              "else:", f"    _shapes, _dtypes, _first = _tensor_meta({value}, True)"]
+    else:
+        # The common case inlined: one tensor of exactly torch.Tensor. Shapes and dtypes are
+        # interned (see _SHAPES1): no new tuple per call.
+        b += [f"if type({value}) is _Tensor[0]:",
+              f"    _first = {value}",
+              "    _shapes = _SHAPES1.get(_first.shape) or _intern_shape(_first.shape)",
+              "    _dtypes = _DTYPES1.get(_first.dtype) or _intern_dtype(_first.dtype)",
+              f"elif {value} is None:",
+              "    _first = None", "    _shapes = _dtypes = ()",
+              "else:",
+              f"    _shapes, _dtypes, _first = _tensor_meta({value}, False)"]
+    if group_root != "None":
+        b += [f"if _root is None and {group_root} is not None:",
+              "    _ranks = _info[1]",
+              f"    _root = _ranks[{group_root}] if _ranks and 0 <= {group_root} < len(_ranks) else {group_root}"]
+    b += ["_peer, _root = _root, None" if spec.p2p else "_peer = None",
+          "_ph = _phase[0]",
+          "if _ph is None and _graph_task_id() != -1:",
+          "    _ph = 'backward'",
+          # (name, stream object) of the caller's current stream, cached per raw stream tuple: one
+          # C call per record instead of torch.cuda.current_stream()'s Python.
+          "if _first is not None and _first.is_cuda:",
+          "    _first = _STREAMS.get(_CUR_STREAM[0](_first.get_device())) or _stream_of(_first)",
+          "    _stream = _first[0]",
+          "else:",
+          "    _stream = None",
+          "_site = (_hit[2].get(_frame.f_lasti) or _intern_site(_hit, _frame.f_lasti)) if not _hit[1] else _call_site(_frame)",
+          "_async = True" if spec.always_async else
+          f"_async = True if {async_op} else False" if async_op != "None" else "_async = False",
+          "_t0 = _time()",
+          f"_rec = (_seq, {op!r}, _info, _shapes, _dtypes, _root, _peer, _async, _site, _stream, _ph, _t0, None, 'issued')"]
+    if not spec.p2p:  # hangdoc.runtime.detect: rolling signature digests of collectives
+        b += ["if _detect is not None:", f"    _detect(_key, {op!r}, _shapes, _dtypes, _root, _rec)"]
+    b += ["_r._buf.append(_rec)"]
+    return out + ["    " + line for line in b]
+
+
+def _make_extractor(spec: "_Spec") -> Callable[[tuple, dict, Any, tuple], tuple]:
+    """``issue(args, kwargs, frame, hit) -> (record, first tensor)`` specialised for one function:
+    argument positions become constant indexes, so there is no signature binding per call. The
+    paths that cannot know the signature in advance use it (batch_isend_irecv, C++ bindings)."""
+    lines = ["def issue(args, kwargs, _frame, _hit):", "    n = len(args)", "    _r = _recorder"]
+    names = {}
     for var, where, default in (("value", spec.tensor, "None"), ("group", spec.group, "None"),
                                 ("root", spec.root, "None"), ("group_root", spec.group_root, "None"),
                                 ("async_op", spec.async_op, "False")):
         if where is None:
-            lines.append(f"    {var} = {default}")
+            names[var] = default
         else:
             i, name = where
             lines.append(f"    {var} = args[{i}] if n > {i} else kwargs.get({name!r}, {default})")
-    lines.append(_ISSUE_BODY.format(op=spec.op, objects=spec.objects, p2p=spec.p2p, always_async=spec.always_async))
-    ns: Dict[str, Any] = dict(
-        _groups=_groups, _group_info=_group_info, _tensor_meta=_tensor_meta, _phase=_phase, _Tensor=_Tensor,
-        _call_site=_call_site, _internal_code=_internal_code, _stream_of=_stream_of, _time=time.time,
-        _streams=_STREAMS, _cur_stream=_CUR_STREAM,
-        _state=sys.modules[__name__],
-    )
-    exec("\n".join(lines), ns)  # noqa: S102 - the source is built from parameter names only
+            names[var] = var
+    lines += ["    " + line for line in _issue_body(spec, **names)]
+    lines.append("    return _rec, _first")
+    ns: Dict[str, Any] = {}
+    exec("\n".join(lines), globals(), ns)  # noqa: S102 - the source is built from parameter names only
     return ns["issue"]
 
 
-# The body of every generated issue(); {op} etc. are filled in per function.
-_ISSUE_BODY = """
-    rec_obj = _state._recorder
-    info = _groups.get(group)
-    if info is None:
-        info = _group_info(group)
-        if info is None:
-            return None, None
-    seqs = rec_obj._seq
-    key = info[0]
-    seq = seqs.get(key, 0)
-    seqs[key] = seq + 1
-    first = None
-    if value is None:
-        shapes = dtypes = ()
-    elif not {objects} and type(value) is _Tensor[0]:
-        shapes, dtypes, first = (tuple(value.shape),), (value.dtype,), value
-    else:
-        shapes, dtypes, first = _tensor_meta(value, {objects})
-    if root is None and group_root is not None:
-        ranks = info[1]
-        root = ranks[group_root] if ranks and 0 <= group_root < len(ranks) else group_root
-    peer = None
-    if {p2p}:
-        peer, root = root, None
-    ph = _phase[0]
-    if ph is None and _state._graph_task_id() != -1:
-        ph = "backward"
-    if first is not None and first.is_cuda:
-        # (name, stream object) of the caller's current stream, cached per raw stream tuple:
-        # one C call per record instead of torch.cuda.current_stream()'s Python.
-        first = _streams.get(_cur_stream[0](first.get_device())) or _stream_of(first)
-        stream = first[0]
-    else:
-        stream = None
-    site = (hit[0], frame.f_lasti) if not hit[1] else _call_site(frame)
-    rec = (seq, {op!r}, info, shapes, dtypes, root, peer, {always_async} or bool(async_op),
-           site, stream, ph, _time(), None, "issued")
-    det = _state._detect
-    if det is not None and not {p2p}:  # hangdoc.runtime.detect: rolling signature digests
-        det(key, {op!r}, shapes, dtypes, root, rec)
-    rec_obj._buf.append(rec)
-    return rec, first
-"""
+def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
+    """The wrapper of ``fn`` with ``fn``'s own signature and the record-building inlined: no
+    ``*args/**kwargs`` packing, no argument lookups, no second Python call, and the host-synchronous
+    completion inlined (the common case: a call on CPU tensors is complete when it returns).
+    None where the signature cannot be reproduced exactly (C++ bindings, ``*args``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    P = inspect.Parameter
+    sig: List[str] = []
+    call: List[str] = []
+    kw_only = False
+    defaults: List[Any] = []
+    for i, p in enumerate(params):
+        if p.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD) or not p.name.isidentifier() or p.name.startswith("_"):
+            return None
+        if p.kind is P.KEYWORD_ONLY and not kw_only:
+            kw_only = True
+            sig.append("*")
+        if i and params[i - 1].kind is P.POSITIONAL_ONLY and p.kind is not P.POSITIONAL_ONLY:
+            sig.append("/")
+        if p.default is P.empty:
+            sig.append(p.name)
+        else:
+            sig.append(f"{p.name}=_d[{len(defaults)}]")
+            defaults.append(p.default)
+        call.append(f"{p.name}={p.name}" if kw_only else p.name)
+    if params and params[-1].kind is P.POSITIONAL_ONLY:
+        sig.append("/")
+    pos = [c for c in call if "=" not in c]
+    kws = [c.split("=")[0] for c in call if "=" in c]
+    args_t = "(" + "".join(f"{c}, " for c in pos) + ")"
+    kwargs_d = "{" + ", ".join(f"{k!r}: {k}" for k in kws) + "}"
+    names = [p.name for p in params]
+
+    def arg(where: Optional[Tuple[int, str]], default: str) -> str:
+        if where is None:
+            return default
+        if where[1] not in names:
+            raise LookupError(where[1])
+        return where[1]
+
+    try:
+        body = _issue_body(spec, arg(spec.tensor, "None"), arg(spec.group, "None"), arg(spec.root, "None"),
+                           arg(spec.group_root, "None"), arg(spec.async_op, "False"))
+    except LookupError:
+        return None
+    c = ", ".join(call)
+    slow = "True" if spec.always_async else "_stream is not None or _async"
+    fields = "_seq, {op!r}, _info, _shapes, _dtypes, _root, _peer, _async, _site, _stream, _ph, _t0".format(op=spec.op)
+    lines = [
+        "def factory(_fn, _d):",
+        f"    def wrapper({', '.join(sig)}):",
+        "        _r = _recorder",
+        "        if _r is None:",
+        f"            return _fn({c})",
+        "        try:",
+        "            _frame = _getframe(1)",
+        "            _code = _frame.f_code",
+        "            _hit = _internal_code.get(id(_code)) or _code_kind(_code)",
+        "            if _hit[1] == 2:  # called by another c10d function (broadcast_object_list -> broadcast)",
+        "                _rec = None",
+        "            else:",
+        *("                " + line for line in body),
+        "        except _PASS_THROUGH:",
+        "            raise",
+        "        except Exception as _e:",
+        "            _report(_e)",
+        "            _rec = None",
+        "        if _rec is None:",
+        f"            return _fn({c})",
+        f"        if {slow}:",
+        f"            return _run_tracked(_fn, _rec, _first, {args_t}, {kwargs_d})",
+        "        try:",
+        f"            _result = _fn({c})",
+        "        except BaseException:",
+        "            _r = _recorder",
+        "            if _r is not None:",
+        "                _r._complete(_rec, 'failed')",
+        "            raise",
+        "        try:  # free in 3.11+ unless it raises",
+        "            _t1 = _time()",
+        "            _buf = _r._buf",
+        # One new tuple from the locals: cheaper than slicing the issued one and concatenating.
+        f"            _done = ({fields}, _t1, 'completed')",
+        "            if _buf and _buf[-1] is _rec:",
+        "                _buf[-1] = _done",
+        "            else:",
+        "                _r._replace(_rec, _done)",
+        "            _r._progress += 1",
+        "            _r._last_t1 = _t1",
+        "        except Exception as _e:",
+        "            _report(_e)",
+        "        return _result",
+        "    return wrapper",
+    ]
+    ns: Dict[str, Any] = {}
+    exec("\n".join(lines), globals(), ns)  # noqa: S102 - the source is built from parameter names only
+    return ns["factory"](fn, tuple(defaults))
+
 
 #: torch.Tensor once torch is imported (enable() fills it): the exact-type fast path.
 _Tensor: List[Any] = [None]
@@ -540,8 +660,14 @@ def _code_kind(code: Any) -> tuple:
     kind = 2 if fn == _c10d_file else 1 if fn.startswith(_internal_prefixes) else 0
     # Keyed by id: hashing a code object hashes its bytecode and constants on every call. The
     # value keeps the code alive, so the id cannot be reused by another code object.
-    hit = _internal_code[id(code)] = (code, kind)
+    hit = _internal_code[id(code)] = (code, kind, {})
     return hit
+
+
+def _intern_site(hit: tuple, lasti: int) -> tuple:
+    """The call site ``(code, f_lasti)``, one shared tuple per site (``hit[2]``: per code object)."""
+    site = hit[2][lasti] = (hit[0], lasti)
+    return site
 
 
 def _call_site(frame: Any) -> Any:
@@ -556,7 +682,7 @@ def _call_site(frame: Any) -> Any:
         code = f.f_code
         hit = cache.get(id(code)) or _code_kind(code)
         if not hit[1]:
-            return (code, f.f_lasti)
+            return hit[2].get(f.f_lasti) or _intern_site(hit, f.f_lasti)
         f = f.f_back
     return None
 
@@ -587,6 +713,29 @@ def _describe_group(group: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
         return ("default_pg", ranks)
     name = getattr(pg, "group_name", None) or f"pg{id(pg)}"
     return (str(name), ranks)
+
+
+#: Interned single-tensor shapes and dtypes: ``torch.Size`` (or a plain tuple) -> ``((dims...),)``
+#: and ``dtype`` -> ``(dtype,)``. A record then holds shared tuples instead of new nested ones:
+#: nested new tuples are often promoted by the GC before it notices they hold no containers (the
+#: inner one is found reachable only through the outer one and moved behind it), which keeps the
+#: records tracked and triggers full collections as the ring fills. Shared, they also take no memory
+#: per record. A torch.Size hashes and compares like the tuple of its dims, so it is the lookup key.
+_SHAPES1: Dict[Any, tuple] = {}
+_DTYPES1: Dict[Any, tuple] = {}
+
+
+def _intern_shape(shape: Any) -> tuple:
+    if len(_SHAPES1) > 4096:  # dynamic shapes: keep the table bounded
+        _SHAPES1.clear()
+    key = tuple(shape)
+    value = _SHAPES1[key] = (key,)
+    return value
+
+
+def _intern_dtype(dtype: Any) -> tuple:
+    value = _DTYPES1[dtype] = (dtype,)
+    return value
 
 
 def _tensor_meta(value: Any, objects: bool) -> Tuple[tuple, tuple, Any]:
@@ -690,32 +839,55 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
         r._complete(rec)
 
 
-def _wrap(fn: Callable, spec: _Spec) -> Callable:
-    issue = spec.extract
-    _getframe = sys._getframe
-    cache = _internal_code
+def _run_tracked(fn: Callable, rec: tuple, first: Any, args: tuple, kwargs: dict) -> Any:
+    """Run a recorded call whose completion is observed later (async Work, CUDA events)."""
+    if rec[_STREAM] is not None and not rec[_ASYNC] and _wait_original is not None:
+        _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
+        _capture[1] = _get_ident()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        r = _recorder
+        if r is not None:
+            r._complete(rec, "failed")
+        raise
+    try:
+        _finish(rec, result, first)
+    except Exception as e:
+        _report(e)
+    return result
 
-    @functools.wraps(fn)
+
+def _wrap(fn: Callable, spec: _Spec) -> Callable:
+    """``fn`` recording each call: with ``fn``'s own signature where it can be reproduced (the
+    hot path, see _make_fast_wrapper), else through ``*args, **kwargs`` and ``spec.extract``."""
+    wrapper = _make_fast_wrapper(fn, spec) or _generic_wrapper(fn, spec)
+    functools.update_wrapper(wrapper, fn)
+    wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _generic_wrapper(fn: Callable, spec: _Spec) -> Callable:
+    issue = spec.extract
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _recorder is None:
             return fn(*args, **kwargs)
         try:
             frame = _getframe(1)
             code = frame.f_code
-            hit = cache.get(id(code)) or _code_kind(code)
-            if hit[1] == 2:  # called by another c10d function (broadcast_object_list -> broadcast)
-                return fn(*args, **kwargs)
-            rec, first = issue(args, kwargs, frame, hit)
+            hit = _internal_code.get(id(code)) or _code_kind(code)
+            # called by another c10d function (broadcast_object_list -> broadcast): not a call of its own
+            rec, first = (None, None) if hit[1] == 2 else issue(args, kwargs, frame, hit)
         except _PASS_THROUGH:
             raise
         except Exception as e:
             _report(e)
+            rec = None
+        if rec is None:  # outside the try: the user's call runs exactly once, its errors untouched
             return fn(*args, **kwargs)
-        if rec is None:
-            return fn(*args, **kwargs)
-        if rec[_STREAM] is not None and not rec[_ASYNC] and _wait_original is not None:
-            _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
-            _capture[1] = _get_ident()
+        if rec[_ASYNC] or rec[_STREAM] is not None:
+            return _run_tracked(fn, rec, first, args, kwargs)
         try:
             result = fn(*args, **kwargs)
         except BaseException:
@@ -723,34 +895,22 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
             if r is not None:
                 r._complete(rec, "failed")
             raise
-        if rec[_ASYNC] or rec[_STREAM] is not None:
+        r = _recorder
+        if r is not None:
             try:
-                _finish(rec, result, first)
+                r._complete(rec)
             except Exception as e:
                 _report(e)
-        else:  # the common case, inlined: a host-synchronous call is complete when it returns
-            r = _recorder
-            if r is not None:
-                try:  # free in 3.11+ unless it raises
-                    buf = r._buf
-                    t1 = _time()
-                    done = rec[:_T1] + (t1, "completed")
-                    if buf and buf[-1] is rec:
-                        buf[-1] = done
-                    else:
-                        r._replace(rec, done)
-                    r._progress += 1
-                    r._last_t1 = t1
-                except Exception as e:
-                    _report(e)
         return result
 
-    wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
     return wrapper
 
 
 _time = time.time
 _get_ident = threading.get_ident
+_getframe = sys._getframe
+
+
 def _wrap_batch(fn: Callable) -> Callable:
     """batch_isend_irecv: one record per P2POp (peer as global rank), completed with its Work."""
     @functools.wraps(fn)
