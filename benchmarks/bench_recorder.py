@@ -1,15 +1,22 @@
 """Recorder overhead: small gloo all_reduce in a loop, recorder off vs on, side by side in one run.
 
-    python benchmarks/bench_recorder.py [--calls 20000] [--rounds 5] [--world 1]
+    python benchmarks/bench_recorder.py [--calls 4000] [--rounds 15] [--world 1] [--cpu N]
 
-Prints µs per call off and on, the added µs per call and the ratio (target: ≤ 2 µs added). Rounds
-alternate off/on so that machine load hits both alike; the median round of each is reported.
-With --world 2 a second rank is spawned and runs the same loop.
+Prints µs per call off and on, the added µs per call and the ratio (target: ≤ 2 µs added), for the
+fastest and the median round of each. Rounds alternate off/on so that machine load hits both
+alike; each round starts after a full garbage collection (so neither inherits the other's
+garbage) and with the same tensor and loop. With --world 2 a second rank runs the same loop.
+
+--cpu N pins the process (gloo's worker threads included) to CPU N before the process group
+exists. On a small shared VM the unpinned gloo call time is bimodal (about 11 µs when the kernel
+keeps gloo's worker next to the caller, 28-45 µs when a wake-up crosses CPUs), and which mode a
+round lands in swamps a 1-2 µs difference; pinned, both settings run in the same mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -39,7 +46,10 @@ def _loop_module(dist, t, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = False) -> None:
+def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = False,
+        cpu: int | None = None) -> None:
+    if cpu is not None:  # before any thread exists: gloo's threads inherit it
+        os.sched_setaffinity(0, {cpu})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     import torch
     import torch.distributed as dist
@@ -58,15 +68,19 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
     n_rec = 0
     rec = None
     for _ in range(rounds):
+        gc.collect()
         off.append(_loop_module(dist, t, calls))
         rec = recorder.enable(capacity=100_000)
+        gc.collect()  # enable()'s own garbage (signature discovery) is not a per-call cost
         on.append(_loop_module(dist, t, calls))
         n_rec = len(rec._buf)
         recorder.disable()
+        rec = None
     # All ranks ran the same number of calls; only rank 0 reports.
     if rank == 0:
         print(f"world size {world}, all_reduce([4] float32) on {'nccl' if cuda else 'gloo'}, "
-              f"{rounds} alternating rounds of {calls} calls")
+              f"{rounds} alternating rounds of {calls} calls, "
+              + (f"pinned to CPU {cpu}" if cpu is not None else f"unpinned ({os.cpu_count()} CPUs)"))
         for label, f in (("min", min), ("median", statistics.median)):
             a, b = f(off), f(on)
             print(f"{label:>6}: recorder off {a:7.2f} µs/call   on {b:7.2f} µs/call   "
@@ -86,11 +100,13 @@ def _wrapper_only(recorder, t, n: int) -> None:
     wrapped = recorder._wrap(all_reduce, spec)
     rounds = []
     for _ in range(5):
+        gc.collect()
         t0 = time.perf_counter()
         for _ in range(n):
             all_reduce(t)
         base = time.perf_counter() - t0
         recorder.enable(capacity=100_000)
+        gc.collect()
         t0 = time.perf_counter()
         for _ in range(n):
             wrapped(t)
@@ -106,6 +122,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--cuda", action="store_true", help="NCCL on CUDA tensors (one GPU per rank)")
+    ap.add_argument("--cpu", type=int, default=None, help="pin each rank to this CPU (rank r: CPU N + r)")
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -117,10 +134,11 @@ def main() -> int:
 
         others = [subprocess.Popen([sys.executable, __file__, "--calls", str(args.calls), "--rounds", str(args.rounds),
                                     "--world", str(args.world), "--rank", str(r), "--port", str(args.port)]
-                                   + (["--cuda"] if args.cuda else []),
+                                   + (["--cuda"] if args.cuda else [])
+                                   + (["--cpu", str((args.cpu + r) % os.cpu_count())] if args.cpu is not None else []),
                                    start_new_session=True) for r in range(1, args.world)]
         try:
-            run(0, args.world, args.port, args.calls, args.rounds, args.cuda)
+            run(0, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu)
         finally:
             for p in others:
                 try:
@@ -128,7 +146,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, 9)
         return 0
-    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda)
+    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu)
     return 0
 
 

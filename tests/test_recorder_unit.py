@@ -85,10 +85,9 @@ def test_recorder_failure_is_contained_and_reported_once(rec, monkeypatch, capsy
         raise RuntimeError("boom")
 
     monkeypatch.setattr(recorder, "_reported", [False])
-    # the generated issue() looks groups up in its own namespace: break the lookup there
-    spec = recorder._SPECS_BY_NAME["all_reduce"]
-    monkeypatch.setitem(spec.extract.__globals__, "_group_info", broken)
-    monkeypatch.setitem(spec.extract.__globals__, "_groups", {})
+    # the generated wrappers look groups up in the module's namespace: break the lookup there
+    monkeypatch.setattr(recorder, "_group_info", broken)
+    monkeypatch.setattr(recorder, "_groups", {})
     t = torch.ones(4)
     dist.all_reduce(t)
     dist.all_reduce(t)
@@ -170,3 +169,57 @@ def test_an_unexpected_torch_leaves_everything_unpatched(group, monkeypatch, cap
     assert recorder.enable() is None and recorder.get() is None
     assert dist.all_reduce is original
     assert "hangdoc recorder: TypeError: surprising torch" in capsys.readouterr().err
+
+
+def test_wrapper_keeps_the_signature_and_passes_every_argument_through(rec):
+    seen = []
+
+    def fake(tensor, /, op=None, group=None, *, async_op=False, extra="d"):
+        seen.append((tensor, op, group, async_op, extra))
+
+    import inspect
+
+    w = recorder._wrap(fake, recorder._Spec("all_reduce", list(inspect.signature(fake).parameters)))
+    assert inspect.signature(w) == inspect.signature(fake) and w.__name__ == "fake"
+    t = torch.ones(2)
+    w(t)
+    w(t, "sum", None, async_op=False, extra="x")
+    assert seen == [(t, None, None, False, "d"), (t, "sum", None, False, "x")]
+    with pytest.raises(TypeError, match="fake"):
+        w(tensor=t)  # positional-only, as in the original
+    assert [r.shapes for r in rec.records()[-2:]] == [((2,),), ((2,),)]
+
+
+def test_a_failing_call_from_c10d_itself_runs_once_and_raises_unchanged(rec, monkeypatch):
+    calls = []
+
+    def broadcast(tensor, src=None, group=None, async_op=False):
+        calls.append(1)
+        raise RuntimeError("peer gone")
+
+    w = recorder._wrap(broadcast, recorder._Spec("broadcast", ["tensor", "src", "group", "async_op"]))
+    # calls from this file count as torch.distributed's own (broadcast_object_list -> broadcast)
+    monkeypatch.setattr(recorder, "_c10d_file", __file__)
+    monkeypatch.setattr(recorder, "_internal_code", {})
+    with pytest.raises(RuntimeError, match="peer gone"):
+        w(torch.ones(1), src=0)
+    assert calls == [1] and rec.errors == 0 and rec.records() == []
+
+
+def test_records_are_untracked_by_the_young_collection(group):
+    import gc
+
+    r = recorder.enable(capacity=10_000)
+    try:
+        t = torch.ones(3, 2)
+        for _ in range(100):
+            dist.all_reduce(t)
+        gc.collect()  # twice: a new group's info tuple may need a second look (startup only)
+        gc.collect()
+        for _ in range(3000):
+            dist.all_reduce(t)
+        gc.collect(0)  # one young collection: a record holding a fresh nested tuple survives it tracked
+        assert sum(gc.is_tracked(x) for x in list(r._buf)[100:]) == 0
+        assert r.records()[-1].shapes == ((3, 2),)
+    finally:
+        recorder.disable()

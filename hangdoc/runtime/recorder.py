@@ -27,6 +27,7 @@ import atexit
 import collections
 import contextlib
 import functools
+import gc
 import json
 import os
 import sys
@@ -137,10 +138,11 @@ def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: st
         f"_root = {root}",
     ]
     if value == "None":
-        b += ["_first = None", "_shapes = _dtypes = ()"]
+        b += ["_first = None", "_shapes = _dtypes = ()", "_cuda = False"]
     elif spec.objects:
         b += [f"if {value} is None:", "    _first = None", "    _shapes = _dtypes = ()",
-              "else:", f"    _shapes, _dtypes, _first = _tensor_meta({value}, True)"]
+              "else:", f"    _shapes, _dtypes, _first = _tensor_meta({value}, True)",
+              "_cuda = _first is not None and _first.is_cuda"]
     else:
         # The common case inlined: one tensor of exactly torch.Tensor. Shapes and dtypes are
         # interned (see _SHAPES1): no new tuple per call.
@@ -148,10 +150,13 @@ def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: st
               f"    _first = {value}",
               "    _shapes = _SHAPES1.get(_first.shape) or _intern_shape(_first.shape)",
               "    _dtypes = _DTYPES1.get(_first.dtype) or _intern_dtype(_first.dtype)",
+              # torch built without CUDA: an exact torch.Tensor is never a CUDA one
+              "    _cuda = _first.is_cuda" if _cuda_built() else "    _cuda = False",
               f"elif {value} is None:",
-              "    _first = None", "    _shapes = _dtypes = ()",
+              "    _first = None", "    _shapes = _dtypes = ()", "    _cuda = False",
               "else:",
-              f"    _shapes, _dtypes, _first = _tensor_meta({value}, False)"]
+              f"    _shapes, _dtypes, _first = _tensor_meta({value}, False)",
+              "    _cuda = _first is not None and _first.is_cuda"]
     if group_root != "None":
         b += [f"if _root is None and {group_root} is not None:",
               "    _ranks = _info[1]",
@@ -162,7 +167,7 @@ def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: st
           "    _ph = 'backward'",
           # (name, stream object) of the caller's current stream, cached per raw stream tuple: one
           # C call per record instead of torch.cuda.current_stream()'s Python.
-          "if _first is not None and _first.is_cuda:",
+          "if _cuda:",
           "    _first = _STREAMS.get(_CUR_STREAM[0](_first.get_device())) or _stream_of(_first)",
           "    _stream = _first[0]",
           "else:",
@@ -176,6 +181,15 @@ def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: st
         b += ["if _detect is not None:", f"    _detect(_key, {op!r}, _shapes, _dtypes, _root, _rec)"]
     b += ["_r._buf.append(_rec)"]
     return out + ["    " + line for line in b]
+
+
+def _cuda_built() -> bool:
+    """Whether the imported torch can make CUDA tensors at all (True when unsure)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is None or torch._C._has_cuda or getattr(torch.version, "hip", None))
+    except Exception:
+        return True
 
 
 def _make_extractor(spec: "_Spec") -> Callable[[tuple, dict, Any, tuple], tuple]:
@@ -692,8 +706,14 @@ def _group_info(group: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
     if info is None:
         info = _describe_group(group)
         if info is not None:  # "not initialised yet" must be asked again next time
+            # The ranks tuple held from a long-lived table too, so that the GC's first look at the
+            # info tuple sees it untracked (see _SHAPES1) and every record stays untracked.
+            info = (info[0], _RANKS.setdefault(info[1], info[1]))
             _groups[group] = info
     return info
+
+
+_RANKS: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
 
 
 def _describe_group(group: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
@@ -716,20 +736,31 @@ def _describe_group(group: Any) -> Optional[Tuple[str, Tuple[int, ...]]]:
 
 
 #: Interned single-tensor shapes and dtypes: ``torch.Size`` (or a plain tuple) -> ``((dims...),)``
-#: and ``dtype`` -> ``(dtype,)``. A record then holds shared tuples instead of new nested ones:
-#: nested new tuples are often promoted by the GC before it notices they hold no containers (the
-#: inner one is found reachable only through the outer one and moved behind it), which keeps the
-#: records tracked and triggers full collections as the ring fills. Shared, they also take no memory
-#: per record. A torch.Size hashes and compares like the tuple of its dims, so it is the lookup key.
+#: and ``dtype`` -> ``(dtype,)``. A record then holds shared tuples instead of new nested ones.
+#: Why: the GC untracks a tuple only when, at the moment it looks at it, nothing inside may be
+#: tracked; it looks in list order, and an inner tuple reachable only through its outer one is
+#: often moved behind it, so new nested tuples (and every record holding one) tend to stay tracked,
+#: get promoted, and trigger full collections as the ring fills. A shared ``(dims,)`` is built
+#: only once its ``dims`` were seen untracked (``_SHAPE_KEYS``), so it is untracked at first look,
+#: and so are the records. Shared, they also take no memory per record. A torch.Size hashes and
+#: compares like the tuple of its dims, so it is the lookup key.
 _SHAPES1: Dict[Any, tuple] = {}
 _DTYPES1: Dict[Any, tuple] = {}
+_SHAPE_KEYS: Dict[tuple, tuple] = {}
 
 
 def _intern_shape(shape: Any) -> tuple:
-    if len(_SHAPES1) > 4096:  # dynamic shapes: keep the table bounded
-        _SHAPES1.clear()
     key = tuple(shape)
-    value = _SHAPES1[key] = (key,)
+    dims = _SHAPE_KEYS.get(key)
+    if dims is None:
+        if len(_SHAPE_KEYS) > 4096:  # dynamic shapes: keep the tables bounded
+            _SHAPE_KEYS.clear()
+            _SHAPES1.clear()
+        _SHAPE_KEYS[key] = key
+        return (key,)
+    if _gc_is_tracked(dims):  # the GC has not looked at it yet: a tuple of this record's own
+        return (dims,)
+    value = _SHAPES1[dims] = (dims,)
     return value
 
 
@@ -909,6 +940,7 @@ def _generic_wrapper(fn: Callable, spec: _Spec) -> Callable:
 _time = time.time
 _get_ident = threading.get_ident
 _getframe = sys._getframe
+_gc_is_tracked = gc.is_tracked
 
 
 def _wrap_batch(fn: Callable) -> Callable:
