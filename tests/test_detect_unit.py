@@ -98,14 +98,22 @@ def test_two_ranks_tie_break_as_sequence_does():
     a = rank_pub(0, loop + [0, 2], (0, 1), sites=[30, 31] * 6)
     b = rank_pub(1, loop + [0, 1], (0, 1), sites=[30, 31] * 5 + [30, 44])
     v = detect.decide("default_pg", {0: a, 1: b}, 11, True)
-    assert (v.deviants, v.basis) == ([1], "history")
+    assert (v.deviants, v.basis) == ([1], "pattern")
     v = detect.decide("default_pg", {1: b, 0: a}, 11, True)
-    assert (v.deviants, v.basis) == ([1], "history")
-    # a skipped broadcast: both sides issue a familiar call; nothing decides: the higher rank named
+    assert (v.deviants, v.basis) == ([1], "pattern")
+    # a skipped broadcast: both sides issue a familiar call, but only one goes on the way the loop
+    # always went after all_reduce at line 30: the other broke the pattern, whichever rank it is
     a = rank_pub(0, loop + [0, 2], (0, 1), sites=[30, 31] * 6)
     b = rank_pub(1, loop + [0, 0], (0, 1), sites=[30, 31] * 5 + [30, 30])
     v = detect.decide("default_pg", {0: a, 1: b}, 11, True)
-    assert (v.deviants, v.agreeing, v.basis) == ([1], [0], "tie")
+    assert (v.deviants, v.agreeing, v.basis) == ([1], [0], "pattern")
+    v0 = detect.decide("default_pg", {0: b, 1: a}, 11, True)  # the lower rank skipped it this time
+    assert (v0.deviants, v0.agreeing, v0.basis) == ([0], [1], "pattern")
+    # nothing to tell the sides apart (no history before the first call): the higher rank is named
+    a1 = rank_pub(0, [2], (0, 1), sites=[31])
+    b1 = rank_pub(1, [0], (0, 1), sites=[30])
+    v1 = detect.decide("default_pg", {0: a1, 1: b1}, 0, True)
+    assert (v1.deviants, v1.basis) == ([1], "tie")
     assert v.summary.startswith("rank 1 diverged from rank 0 in default_pg at collective #11: all_reduce[(8,)] at train.py:30 "
                                 "vs broadcast[(8,)] at train.py:31")
 

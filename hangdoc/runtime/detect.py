@@ -307,6 +307,23 @@ def entry_at(pub: Dict[str, Any], i: int) -> Optional[List[Any]]:
     return None
 
 
+def _key(entry: List[Any]) -> Tuple[Any, Any]:
+    """What makes two published collectives the same call: signature hash and call site."""
+    return (entry[0], entry[2])
+
+
+def _successions(pub: Dict[str, Any], upto: int) -> set:
+    """(call, next call) pairs a group's publication shows before index ``upto``: the loop's pattern."""
+    pairs = set()
+    for w in pub.get("w") or ():
+        start, sig, tab = int(w.get("start", 0)), w.get("sig") or [], w.get("tab") or []
+        for j in range(1, min(len(sig), upto - start)):
+            a, b = sig[j - 1], sig[j]
+            if 0 <= a < len(tab) and 0 <= b < len(tab):
+                pairs.add((_key(tab[a]), _key(tab[b])))
+    return pairs
+
+
 def first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[Tuple[int, bool, int]]:
     """(index, exact, last agreeing index) of the first collective where two ranks' publications
     of one group part; None while they agree on everything both have issued. ``exact`` is False
@@ -347,6 +364,8 @@ class Verdict:
              f"{where}: {side(self.deviant_entry)} vs {side(self.agreeing_entry)}")
         if self.basis == "tie":
             s += " (two sides, no majority: the higher rank is named)"
+        elif self.basis == "pattern":
+            s += f" ({describe_ranks(self.deviants)} broke what the loop issued after the previous call)"
         return s
 
     def to_json(self) -> Dict[str, Any]:
@@ -367,8 +386,10 @@ class Verdict:
 def decide(group: str, pubs: Dict[int, Dict[str, Any]], index: int, exact: bool) -> Optional[Verdict]:
     """Who diverged at ``index`` among the ranks whose group publications are in ``pubs``.
 
-    The larger side wins; on a tie, the side whose call site issued that same signature before
-    (its history) wins, else the lower rank's side (as in :mod:`hangdoc.analysis.sequence`).
+    The larger side wins; on a tie, the side that continues what the loop issued after the previous
+    (agreed) call wins (a skipped broadcast: the other side issues all_reduce twice in a row), then
+    the side whose call site issued that same signature before (its history), else the lower rank's
+    side (as in :mod:`hangdoc.analysis.sequence`).
     """
     sides: Dict[int, List[int]] = {}
     for r, pub in sorted(pubs.items()):
@@ -386,8 +407,18 @@ def decide(group: str, pubs: Dict[int, Dict[str, Any]], index: int, exact: bool)
         def familiar(kv: Tuple[int, List[int]]) -> bool:
             e = entry_at(pubs[kv[1][0]], index)
             return e is not None and int(e[3]) < index
+
+        def continues(kv: Tuple[int, List[int]]) -> bool:
+            # the loop went on this way before: after the (agreed) previous call came this one
+            pub = pubs[kv[1][0]]
+            prev, here = entry_at(pub, index - 1), entry_at(pub, index)
+            return prev is not None and here is not None and (_key(prev), _key(here)) in _successions(pub, index)
+
+        cont = [kv for kv in tied if continues(kv)]
         fam = [kv for kv in tied if familiar(kv)]
-        if len(fam) == 1:
+        if len(cont) == 1:
+            winner, basis = cont[0], "pattern"
+        elif len(fam) == 1:
             winner, basis = fam[0], "history"
         else:
             winner, basis = min(tied, key=lambda kv: min(kv[1])), "tie"
