@@ -283,6 +283,13 @@ class BlockParser:
         self.ctx = ctx
         self.start = lineno
 
+    def stack_of(self, raw: List[str], parse: Callable[[str], Optional[Frame]], reverse: bool,
+                 at: int) -> Tuple[Frame, ...]:
+        """The interned frames of one thread's raw frame lines: equal lists of lines, which most
+        threads of a job have, are parsed once; unreadable lines are reported against line ``at``."""
+        return self.ctx.interner.stack((self.format,) + tuple(raw),
+                                       lambda: frames_from_lines(self.ctx, raw, parse, reverse, self.format, at))
+
     def feed(self, lineno: int, line: str) -> bool:  # pragma: no cover - interface
         raise NotImplementedError
 

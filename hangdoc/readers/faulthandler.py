@@ -34,7 +34,7 @@ import re
 from typing import List, Optional, Tuple
 
 from hangdoc.model import STATUS_TRUNCATED, Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
 FORMAT = "faulthandler"
 
@@ -121,17 +121,13 @@ class FaulthandlerParser(BlockParser):
             return
         ident, current = self._thread
         raw, self._raw, self._thread, self.sink = self._raw, [], None, None
-        key = (FORMAT,) + tuple(raw)
-        frames = self.ctx.interner.stack(key, lambda: self._build(raw))
+        frames = self.stack_of(raw, parse_frame_line, True, self._thread_line)
         t = Thread(ident=ident, frames=frames, state="current" if current else None)
         if self._truncated:
             t.name = None
             self.process.meta.setdefault("truncated_threads", []).append(ident)
             self._truncated = False
         self.threads.append(t)
-
-    def _build(self, raw: List[str]) -> Tuple[Frame, ...]:
-        return frames_from_lines(self.ctx, raw, parse_frame_line, True, "faulthandler", self._thread_line)
 
     def _end_process(self, lineno: int) -> None:
         if self.threads:

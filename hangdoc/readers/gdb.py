@@ -34,7 +34,7 @@ import re
 from typing import List, Optional, Tuple
 
 from hangdoc.model import Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
 FORMAT = "gdb"
 
@@ -134,8 +134,7 @@ class GdbParser(BlockParser):
             return
         number, lwp, name = self._thread
         raw, self._raw, self._thread, self.sink = self._raw, [], None, None
-        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw),
-                                         lambda: frames_from_lines(self.ctx, raw, parse_frame_line, True, "gdb", self._thread_line))
+        frames = self.stack_of(raw, parse_frame_line, True, self._thread_line)
         # gdb lines carry addresses and argument values that differ from process to process:
         # intern by the frames themselves too, so equal stacks still share one tuple
         frames = self.ctx.interner.stacks.setdefault(("gdb-frames",) + frames, frames)

@@ -34,7 +34,7 @@ import re
 from typing import List, Optional, Tuple
 
 from hangdoc.model import Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
 FORMAT = "pystack"
 
@@ -112,8 +112,7 @@ class PystackParser(BlockParser):
             return
         tid, name, state = self._thread
         raw, self._raw, self._thread, self.sink = self._raw, [], None, None
-        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw),
-                                         lambda: frames_from_lines(self.ctx, raw, parse_frame_line, False, "pystack", self._thread_line))
+        frames = self.stack_of(raw, parse_frame_line, False, self._thread_line)
         main = bool(frames) and (frames[0].function == "<module>" or (frames[0].native and frames[0].function in _ENTRY_NATIVE))
         t = Thread(ident=tid, name=name or None, frames=frames, state=state or None, is_main=main)
         self.threads.append(t)

@@ -31,7 +31,7 @@ import re
 from typing import List, Optional
 
 from hangdoc.model import Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, frames_from_lines, make_frame
+from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
 FORMAT = "traceback"
 
@@ -94,8 +94,7 @@ class TracebackParser(BlockParser):
             return []
         raw = self.raw
         # tracebacks print outermost first already
-        frames = self.ctx.interner.stack((FORMAT,) + tuple(raw),
-                                         lambda: frames_from_lines(self.ctx, raw, parse_frame_line, False, "traceback", self.start))
+        frames = self.stack_of(raw, parse_frame_line, False, self.start)
         p = Process(format=FORMAT, source_line=self.start)
         p.threads = [Thread(ident="", name="MainThread", frames=frames, is_main=True)]
         if self.exceptions:
