@@ -84,6 +84,16 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> List[int]:
     return tree
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that was free a moment ago."""
     with socket.socket() as s:

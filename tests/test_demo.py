@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hangdoc.cli.demo import alive
+from hangdoc.proctree import alive
 from tests.procs import env_for
 
 if importlib.util.find_spec("torch") is None:

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from hangdoc import examples
-from hangdoc.cli.demo import alive, stop_job
+from hangdoc.cli.demo import stop_job
+from hangdoc.proctree import alive
 from hangdoc.tags import parse_tag
 from tests.procs import env_for, torchrun_cmd
 

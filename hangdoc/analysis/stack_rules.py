@@ -519,7 +519,7 @@ class _Analysis:
                     [],
                     self.evidence_lines(busy + bs) + loop_notes,
                     ["A running job looks like this too: take a second dump a minute later. If the same ranks are still "
-                     f"computing at the same place, they are stuck there (an endless loop?) and the others wait for them."],
+                     "computing at the same place, they are stuck there (an endless loop?) and the others wait for them."],
                     0.3,
                 ))
                 return

@@ -25,7 +25,7 @@ import time
 from typing import List
 
 from hangdoc.cli import UsageError
-from hangdoc.proctree import descendants, free_port, kill_tree
+from hangdoc.proctree import alive, descendants, free_port, kill_tree
 
 #: the line the reporting rank prints last (hangdoc.runtime.exchange.verdict)
 _DONE = "hangdoc: full report:"
@@ -195,12 +195,3 @@ def _reap(pids: List[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state != b"Z"
-    except (OSError, IndexError):
-        return False

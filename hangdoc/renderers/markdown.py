@@ -63,7 +63,7 @@ def render(report: Report, options) -> str:
             out.append(f"- {plural(g.threads, 'thread')} in {plural(g.count, 'process')} ({_md(sets.who([g], g.members))}): `{_code(g.summary)}`")
         out.append("")
     errors = [e for s in sorted(r.job.sources, key=lambda s: s.path) for e in s.errors]
-    out += [f"## Sources", "", f"{plural(len(r.job.sources), 'file')}, {plural(len(errors), 'parse error')}.", ""]
+    out += ["## Sources", "", f"{plural(len(r.job.sources), 'file')}, {plural(len(errors), 'parse error')}.", ""]
     for e in errors[:MAX_ERRORS]:
         out.append(f"- `{_code(str(e))}`")
     if len(errors) > MAX_ERRORS:

@@ -31,7 +31,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 #: store key of one rank's current stall entry
 KEY = "hangdoc/dump/{rank}"

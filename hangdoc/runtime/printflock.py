@@ -72,7 +72,7 @@ def lock_path() -> str:
 
 
 def _get_lock_fd() -> Optional[int]:
-    global _lock_fd, _lock_pid, _disabled
+    global _lock_fd, _lock_pid
     pid = os.getpid()
     # After fork the child shares the parent's open file description, hence its flock: reopen.
     if _lock_fd is not None and _lock_pid == pid:
