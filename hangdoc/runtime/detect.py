@@ -718,7 +718,7 @@ class Detector:
     def _ready(self) -> bool:
         from hangdoc.runtime import exchange
 
-        if not exchange._dist_initialized():
+        if not exchange.dist_initialized():
             return False
         exchange.prepare()
         if not exchange.prepared():
@@ -726,7 +726,7 @@ class Detector:
         if self.node is None:
             groups = self.digests.groups
             self.node = Node(self._ident().rank, _StoreOps(), lambda name: groups[name].ranks if name in groups else ())
-        return exchange._store_cache.get("store") is not None
+        return exchange.connected()
 
     def _make(self, quiet: bool, focus: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
         return snapshot(self.digests, self.node.rank if self.node else 0, self._describe, quiet, focus)
@@ -800,7 +800,7 @@ class Detector:
         from hangdoc.runtime import exchange
 
         try:
-            exchange._say(message, self._ident())
+            exchange.say(message, self._ident())
         except Exception:
             pass
 

@@ -55,7 +55,7 @@ _store_cache: Dict[str, Any] = {}
 
 
 # -- the store ---------------------------------------------------------------------------------
-def _dist_initialized() -> bool:
+def dist_initialized() -> bool:
     dist = sys.modules.get("torch.distributed")
     try:
         return dist is not None and dist.is_available() and dist.is_initialized()
@@ -69,7 +69,7 @@ def prepare() -> None:
     Connecting is the one store operation that would use the job's own (long) timeout, so it is
     done while the store is healthy, in a helper thread that may be abandoned.
     """
-    if "store" in _store_cache or "pending" in _store_cache or not _dist_initialized():
+    if "store" in _store_cache or "pending" in _store_cache or not dist_initialized():
         return
     done = threading.Event()
     _store_cache["pending"] = done
@@ -84,7 +84,7 @@ def prepare() -> None:
 
 def _connect() -> Any:
     """A clone of the job's default store with a short timeout, or None when there is none."""
-    if not _dist_initialized():
+    if not dist_initialized():
         return None
     dist = sys.modules["torch.distributed"]
     import datetime
@@ -212,7 +212,7 @@ def share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
     try:
         return _share(dog, paths, reason)
     except Exception as e:
-        _say(f"hangdoc watchdog: report failed: {type(e).__name__}: {e}")
+        say(f"hangdoc watchdog: report failed: {type(e).__name__}: {e}")
         return None
 
 
@@ -240,17 +240,17 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
         try:
             _op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
         except Exception as e:
-            _say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); using files in {dog.out_dir}")
+            say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); using files in {dog.out_dir}")
             _store_failed()
             store = None
     elif ident.world_size > 1:
-        _say(f"hangdoc watchdog: no torch.distributed store; using files in {dog.out_dir}")
+        say(f"hangdoc watchdog: no torch.distributed store; using files in {dog.out_dir}")
 
     world = max(1, ident.world_size)
     if ident.rank > 0 and world > 1:
         if not _take_over(store, dog, ident.rank, started + TAKEOVER_WAIT):
             return None  # rank 0, or a rank that took over before us, writes the report
-        _say(f"hangdoc watchdog: rank 0 did not report; rank {ident.rank} writes the report")
+        say(f"hangdoc watchdog: rank 0 did not report; rank {ident.rank} writes the report")
 
     _preload_offline()
     entries = {ident.rank: entry}
@@ -262,7 +262,7 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
             try:
                 _collect_store(store, world, entries)
             except StoreTimeout:
-                _say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
+                say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
         if not _usable(store):
             _collect_files(dog, entries)
         if len(entries) >= world or time.monotonic() >= deadline:
@@ -287,7 +287,7 @@ def _take_over(store: Any, dog: Any, rank: int, deadline: float) -> bool:
                 if _has(store, KEY.format(rank=0)):
                     return False
             except StoreTimeout:
-                _say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
+                say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
         if not _usable(store):
             fresh = _fresh_files(dog)
             if any(r < rank for r in fresh):
@@ -385,8 +385,8 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
     try:
         write_atomic(os.path.join(dog.out_dir, "report.json"), render(report, "json"))
     except Exception as e:  # the text report and the verdict matter more than the JSON
-        _say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
-    _say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path), ident)
+        say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
+    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path), ident)
     return text_path
 
 
@@ -422,7 +422,7 @@ def _prefix(ident: Any) -> str:
     return f"[{ident.host}:{ident.rank}] "
 
 
-def _say(message: str, ident: Any = None) -> None:
+def say(message: str, ident: Any = None) -> None:
     prefix = _prefix(ident) if ident is not None else ""
     data = "".join(prefix + line + "\n" for line in message.splitlines())
     try:
@@ -434,3 +434,8 @@ def _say(message: str, ident: Any = None) -> None:
 def prepared() -> bool:
     """True once :func:`prepare` has connected (or found there is no store to connect to)."""
     return "store" in _store_cache
+
+
+def connected() -> bool:
+    """True when :func:`prepare` found the job's store and connected to it."""
+    return _store_cache.get("store") is not None

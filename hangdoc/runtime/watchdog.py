@@ -379,17 +379,15 @@ def _enable_recorder(out_dir: str) -> Any:
 def _say(message: str) -> None:
     """One line to stderr without Python's stream locks (the main thread may hold them forever),
     with the ``[host:rank]`` prefix unless hangdoc's output prefixing adds it anyway."""
+    from hangdoc.runtime.exchange import say
+
     try:
-        from hangdoc.runtime.exchange import _prefix
         from hangdoc.runtime.identity import identity
 
-        prefix = _prefix(identity())
-    except Exception:
-        prefix = ""
-    try:
-        os.write(2, (prefix + message.rstrip("\n") + "\n").encode("utf-8", "replace"))
-    except OSError:
-        pass
+        ident = identity()
+    except Exception:  # no prefix rather than no message
+        ident = None
+    say(message, ident)
 
 
 def start(
