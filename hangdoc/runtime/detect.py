@@ -630,25 +630,25 @@ class _StoreOps:
         self.x = exchange
 
     def _store(self) -> Any:
-        store = self.x._store()
+        store = self.x.job_store()
         if store is None:
             raise ConnectionError("no torch.distributed store")
         return store
 
     def set(self, key: str, value: str) -> None:
-        self.x._op(self._store(), "set", key, value)
+        self.x.bounded_op(self._store(), "set", key, value)
 
     def get(self, key: str) -> Optional[bytes]:
         store = self._store()
-        if not self.x._has(store, key):
+        if not self.x.has_key(store, key):
             return None
-        return self.x._op(store, "get", key)
+        return self.x.bounded_op(store, "get", key)
 
     def add(self, key: str, n: int) -> int:
-        return int(self.x._op(self._store(), "add", key, n))
+        return int(self.x.bounded_op(self._store(), "add", key, n))
 
     def compare_set(self, key: str, expected: str, desired: str) -> Any:
-        return self.x._op(self._store(), "compare_set", key, expected, desired)
+        return self.x.bounded_op(self._store(), "compare_set", key, expected, desired)
 
 
 class Detector:

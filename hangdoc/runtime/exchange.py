@@ -108,7 +108,7 @@ def _connect() -> Any:
     return None
 
 
-def _store() -> Any:
+def job_store() -> Any:
     """The store connection made by :func:`prepare`, or None (never blocks for long)."""
     if "store" in _store_cache:
         return _store_cache["store"]
@@ -127,7 +127,7 @@ class StoreTimeout(Exception):
     """A store operation did not answer in time; the store is not used again."""
 
 
-def _op(store: Any, name: str, *args: Any) -> Any:
+def bounded_op(store: Any, name: str, *args: Any) -> Any:
     """``store.name(*args)`` with a hard time limit.
 
     The store's own timeout does not bound every operation (a stopped or wedged server leaves
@@ -158,8 +158,8 @@ def _usable(store: Any) -> bool:
     return store is not None and _store_cache.get("store") is store
 
 
-def _has(store: Any, key: str) -> bool:
-    return bool(_op(store, "check", [key]))
+def has_key(store: Any, key: str) -> bool:
+    return bool(bounded_op(store, "check", [key]))
 
 
 # -- entries -----------------------------------------------------------------------------------
@@ -218,13 +218,13 @@ def share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
 
 def withdraw(dog: Any) -> None:
     """This rank progresses again: its entry no longer describes a stall."""
-    store = _store()
+    store = job_store()
     if store is None:
         return
     from hangdoc.runtime.identity import identity
 
     try:
-        _op(store, "delete_key", KEY.format(rank=identity().rank))
+        bounded_op(store, "delete_key", KEY.format(rank=identity().rank))
     except Exception:
         pass
 
@@ -235,10 +235,10 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
     started = time.monotonic()
     ident = identity()
     entry = make_entry(paths, ident, reason, dog.last_progress_wall)
-    store = _store()
+    store = job_store()
     if store is not None:
         try:
-            _op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
+            bounded_op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
         except Exception as e:
             say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); using files in {dog.out_dir}")
             _store_failed()
@@ -284,7 +284,7 @@ def _take_over(store: Any, dog: Any, rank: int, deadline: float) -> bool:
     while True:
         if _usable(store):
             try:
-                if _has(store, KEY.format(rank=0)):
+                if has_key(store, KEY.format(rank=0)):
                     return False
             except StoreTimeout:
                 say(f"hangdoc watchdog: store unreachable; using files in {dog.out_dir}")
@@ -298,12 +298,12 @@ def _take_over(store: Any, dog: Any, rank: int, deadline: float) -> bool:
     if not _usable(store):
         return True
     try:
-        current = _op(store, "get", CLAIM).decode() if _has(store, CLAIM) else ""
+        current = bounded_op(store, "get", CLAIM).decode() if has_key(store, CLAIM) else ""
         claimed_at = float(current.split()[1]) if current else 0.0
         if current and claimed_at >= dog.last_progress_wall - 1.0:
             return False  # claimed for this stall already
         desired = f"{rank} {time.time():.3f}"
-        return _op(store, "compare_set", CLAIM, current, desired).decode() == desired
+        return bounded_op(store, "compare_set", CLAIM, current, desired).decode() == desired
     except StoreTimeout:
         return True
     except Exception:
@@ -314,10 +314,10 @@ def _collect_store(store: Any, world: int, entries: Dict[int, Dict[str, Any]]) -
     # Key by key: list_keys() would be one operation, but it holds the GIL while it waits, so a
     # store that does not answer would freeze the whole process, training thread included.
     missing = [r for r in range(world) if r not in entries]
-    posted = [r for r in missing if _has(store, KEY.format(rank=r))]
+    posted = [r for r in missing if has_key(store, KEY.format(rank=r))]
     for r in posted:
         try:
-            entry = json.loads(_op(store, "get", KEY.format(rank=r)).decode("utf-8", "replace"))
+            entry = json.loads(bounded_op(store, "get", KEY.format(rank=r)).decode("utf-8", "replace"))
         except StoreTimeout:
             raise
         except Exception:
