@@ -87,6 +87,8 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
                   f"added {b - a:+6.2f} µs/call   ratio {b / a:.3f}")
         print(f"records kept in the ring buffer: {n_rec} (capacity 100000)")
         _wrapper_only(recorder, t, calls * 5)
+        if cuda:
+            _cuda_parts(t, calls * 5)
     dist.destroy_process_group()
 
 
@@ -114,6 +116,33 @@ def _wrapper_only(recorder, t, n: int) -> None:
         recorder.disable()
     print(f"wrapper alone (no-op function, {n} calls x 5): added {min(rounds):.2f} µs/call min, "
           f"{statistics.median(rounds):.2f} median")
+
+
+def _cuda_parts(t, n: int) -> None:
+    """What each torch call on the CUDA path costs on this host (µs per call, best of 5)."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    ev = torch.cuda.Event()
+    record = torch._C._CudaEventBase.record
+    cur = torch._C._cuda_getCurrentStream
+    parts = {
+        "loop overhead": lambda: None,
+        "tensor.get_device()": t.get_device,
+        "_cuda_getCurrentStream(dev)": lambda: cur(0),
+        "tensor.shape + dtype": lambda: (t.shape, t.dtype),
+        "_current_graph_task_id()": torch._C._current_graph_task_id,
+        "event.record(stream)": lambda: record(ev, stream),
+        "event.query()": ev.query,
+    }
+    for name, fn in parts.items():
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n // 10):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / (n // 10) * 1e6)
+        print(f"  {name:32s} {best:6.3f} µs/call")
 
 
 def main() -> int:

@@ -27,9 +27,14 @@ SCRIPT = textwrap.dedent('''
         def __init__(self): self.done = False
         def query(self): return self.done
 
+    class Stream:  # cudaStreamQuery: idle once the test says the GPU caught up
+        idle = False
+        def query(self): return Stream.idle
+        def __repr__(self): return "stream-object"
+
     recorded = []
     R._CUR_STREAM[0] = lambda device: (3, 0, 1)
-    R._STREAMS[(3, 0, 1)] = ("stream3", "stream-object")
+    R._STREAMS[(3, 0, 1)] = ("stream3", Stream())
     R._Event[0] = R._new_event = Event
     R._record_event = lambda ev, stream: recorded.append((ev, stream))
     R._CUDA_COMPLETION = sys.argv[1]
@@ -39,23 +44,27 @@ SCRIPT = textwrap.dedent('''
     t = torch.ones(4).as_subclass(OnCuda)
     for _ in range(N):
         dist.all_reduce(t)
-    markers = sorted({type(m).__name__ for q in rec._events.values() for m, _ in q})
+    markers = sorted({type(m).__name__ for q in rec._events.values() for m in q if type(m) is not tuple})
     pending_before = len(rec.pending())
-    for ev, _ in recorded:
-        ev.done = True
+    mode = sys.argv[3] if len(sys.argv) > 3 else "events"
+    if mode == "events":  # the GPU got past every event, the stream is not idle yet
+        for ev, _ in recorded:
+            ev.done = True
+    else:  # the stream drained: no event needs asking
+        Stream.idle = True
     out = {"markers": markers, "events": len(recorded), "pending_before": pending_before,
            "pending_after": len(rec.pending()), "progress": rec.progress,
            "streams": sorted({r.stream for r in rec.records()}),
-           "stream_objects": sorted({s for _, s in recorded})}
+           "stream_objects": sorted({repr(s) for _, s in recorded})}
     R.disable()
     dist.destroy_process_group()
     print(json.dumps(out))
 ''')
 
 
-def run(mode, n=40):
+def run(mode, n=40, gpu="events"):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(n)], capture_output=True, text=True, timeout=60, env=env,
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(n), gpu], capture_output=True, text=True, timeout=60, env=env,
                        cwd=ROOT, start_new_session=True)
     assert r.returncode == 0, r.stderr
     import json
@@ -72,16 +81,25 @@ def test_work_mode_uses_the_backends_work_and_records_no_event():
 
 def test_event_mode_completes_in_stream_order_only_when_events_complete():
     out = run("event")
-    assert out["events"] == 40 and out["stream_objects"] == ["stream-object"]
+    # One event per 32 calls on the hot path, plus one tail event when pending() looked.
+    assert out["events"] == 40 // 32 + 1 and out["stream_objects"] == ["stream-object"]
     # Nothing is completed before its event is: a sync CUDA call returning is not completion.
     assert out["pending_before"] == 40
     assert out["pending_after"] == 0 and out["progress"] == 40
 
 
 def test_event_mode_backlog_tail_completes_through_a_tail_event():
-    # 100 calls with no GPU progress: past 64 pending only every 16th call records an event; the
-    # newest records get one when someone looks (pending()), so none stays issued once done.
-    out = run("event", 100)
+    # 1000 calls with no GPU progress: an event every 32nd call, the sweeps (when the queue
+    # doubled) find none completed; the newest records get a tail event when someone looks
+    # (pending()), so none stays issued once the GPU got there.
+    out = run("event", 1000)
+    assert out["pending_before"] == 1000
+    assert out["events"] == 1000 // 32 + 1
+    assert out["pending_after"] == 0 and out["progress"] == 1000
+
+
+def test_an_idle_stream_completes_its_records_without_asking_events():
+    out = run("event", 100, gpu="idle")
+    # cudaStreamQuery said idle: everything queued so far is done, at once and exactly.
     assert out["pending_before"] == 100
-    assert 64 < out["events"] < 100
     assert out["pending_after"] == 0 and out["progress"] == 100

@@ -37,6 +37,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="nccl", choices=("nccl", "gloo"))
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--pattern", default="A", choices=("A", "B", "C"),
+                    help="A: all_reduce then broadcast per step (default); B: two broadcasts of equal "
+                         "size (syncing two same-shaped buffers); C: broadcast then all_reduce")
+    ap.add_argument("--size", type=int, default=256, help="elements per collective")
     args = ap.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.backend == "nccl":
@@ -47,20 +51,32 @@ def main() -> None:
     dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=40))
     rank = dist.get_rank()
     timeline = Timeline(rank)
-    x = torch.ones(256, device=device)
-    params = torch.zeros(256, device=device)
+    x = torch.ones(args.size, device=device)
+    params = torch.zeros(args.size, device=device)
+    buffers = torch.zeros(args.size, device=device)
     for step in range(args.steps):
         if step == METRICS:
-            timeline.event("hang_expected", f"step {step}: all_reduce of 1024 floats; the shifted calls differ in size now")
-            dist.all_reduce(torch.ones(1024, device=device))
-        dist.all_reduce(x)
-        x /= dist.get_world_size()
-        if step == SKIP and rank == 1:
+            timeline.event("hang_expected", f"step {step}: all_reduce of {4 * args.size} floats; the shifted calls differ in size now")
+            dist.all_reduce(torch.ones(4 * args.size, device=device))
+        skip = step == SKIP and rank == 1
+        if skip:
             timeline.event("skip", f"step {step}: rank 1 skips the broadcast")  # the bug
+        if args.pattern == "A":
+            dist.all_reduce(x)
+            x /= dist.get_world_size()
+            if not skip:
+                dist.broadcast(params, src=0)
+        elif args.pattern == "B":
+            if not skip:
+                dist.broadcast(params, src=0)
+            dist.broadcast(buffers, src=0)
         else:
-            dist.broadcast(params, src=0)
+            if not skip:
+                dist.broadcast(params, src=0)
+            dist.all_reduce(x)
+            x /= dist.get_world_size()
         timeline.event("host_sync", None, quiet=True)
-        loss = (x.sum() + params.sum()).item()  # host sync: where a hang shows
+        loss = (x.sum() + params.sum() + buffers.sum()).item()  # host sync: where a hang shows
         time.sleep(STEP_SECONDS)
         if step % 50 == 0 and rank == 0:
             print(f"step {step} loss {loss:.1f}", flush=True)

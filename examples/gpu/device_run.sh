@@ -1,10 +1,17 @@
 #!/bin/bash
-# One bounded session on a 2-GPU host (run from the repo root, $OUT = where results go):
-# recorder fidelity (Work and event completion), the four NCCL hangs through hangdoc (records,
-# watchdog stacks, py-spy plain/native/locals, Flight Recorder), then the overhead benchmark.
-# Every step has a timeout; the hang jobs are killed by capture.py.
+# Bounded runs on a 2-GPU host (from the repo root; $OUT = where results go). STAGES picks what runs:
+#   probe     examples/detect/nccl_skip_probe.py: which skipped-broadcast pairings NCCL "completes"
+#   detect    examples/detect/nccl_silent_skip.py under --detect, with the first silent pairing the
+#             probe found of the broadcast-vs-all_reduce kind (else DETECT_ARGS)
+#   fidelity  examples/gpu/recorder_fidelity.py: issued vs completed on NCCL, no sync added
+#   recorder  benchmarks/bench_recorder.py --cuda: recorder off/on alternating in one process
+#   ddp       benchmarks/bench_ddp_hook.py --cuda: DDP step, builtin vs hangdoc's recording hook
+#   captures  the four NCCL hangs through hangdoc (records, watchdog stacks, py-spy, Flight Recorder)
+#   bench     benchmarks/bench_gpu_overhead.py: none / Flight Recorder / hangdoc / both
+# Every step has a timeout; the hang jobs are killed by their drivers.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
+STAGES=${STAGES:-"fidelity captures recorder bench"}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -15,37 +22,65 @@ fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch,sys;print('torch',torch.__version__,'nccl',torch.cuda.nccl.version(),'python',sys.version.split()[0],'gpus',torch.cuda.device_count())"
-  py-spy --version; } > "$OUT/env.txt" 2>&1
+  lscpu | grep -m1 "Model name"; py-spy --version; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-echo "== fidelity $(date +%T)"
-for mode in work event; do
-  HANGDOC_CUDA_COMPLETION=$mode timeout 90 python3 -m torch.distributed.run --nproc-per-node 2 \
-    --master-port $((29600 + RANDOM % 300)) examples/gpu/recorder_fidelity.py 2>&1 | grep -v "^\*\|OMP_NUM"
-  echo "fidelity $mode rc ${PIPESTATUS[0]}"
-done
-echo "== captures $(date +%T)"
-rm -rf /tmp/cap && mkdir -p /tmp/cap
-for s in nccl_skip_broadcast nccl_dataloader_deadlock nccl_pipeline_cycle nccl_stream_misplacement; do
-  timeout 170 python3 examples/gpu/capture.py --hangdoc --no-archive --out /tmp/cap \
-    --hang-wait "${HANG_WAIT:-25}" --nccl-timeout 25 --fr-wait 22 $s > /tmp/cap/$s.capture.log 2>&1 &
-done
-wait
-cat /tmp/cap/*.capture.log
-tar czf "$OUT/captures.tgz" -C /tmp cap
-echo "== detect $(date +%T)"
-if [ -n "${DETECT_CMD:-}" ]; then
-  mkdir -p /tmp/detect
-  timeout 120 bash -c "$DETECT_CMD" > /tmp/detect/run.log 2>&1
+has() { case " $STAGES " in *" $1 "*) return 0;; *) return 1;; esac; }
+port() { echo $((29600 + RANDOM % 300)); }
+
+if has probe; then
+  echo "== probe $(date +%T)"
+  timeout "${PROBE_TIMEOUT:-200}" python3 examples/detect/nccl_skip_probe.py --out "$OUT/probe.json" ${PROBE_ARGS:-}
+  echo "probe rc $?"
+fi
+if has detect; then
+  echo "== detect $(date +%T)"
+  if [ -z "${DETECT_ARGS:-}" ] && [ -f "$OUT/probe.json" ]; then
+    DETECT_ARGS=$(python3 examples/detect/nccl_skip_probe.py --pick "$OUT/probe.json")
+  fi
+  echo "detect with: ${DETECT_ARGS:-(defaults)}"
+  rm -rf /tmp/detect && mkdir -p /tmp/detect
+  # DETECT_ARGS: "ENV=VALUE ... -- script args"
+  envs=${DETECT_ARGS%%--*}; args=${DETECT_ARGS#*--}; [ "$envs" = "$DETECT_ARGS" ] && args=""
+  env $envs timeout 120 python3 -m torch.distributed.run --nproc-per-node 2 --master-port "$(port)" \
+    -m hangdoc --detect --out /tmp/detect/out examples/detect/nccl_silent_skip.py $args > /tmp/detect/log.txt 2>&1
   echo "detect rc $?"
-  tail -40 /tmp/detect/run.log
+  grep -v "^\*\|OMP_NUM" /tmp/detect/log.txt | tail -40
   tar czf "$OUT/detect.tgz" -C /tmp detect
 fi
-echo "== recorder alone $(date +%T)"
-for mode in work event; do
-  HANGDOC_CUDA_COMPLETION=$mode timeout 75 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9
-  echo "bench_recorder $mode rc $?"
-done
-echo "== bench $(date +%T)"
-timeout "${BENCH_TIMEOUT:-260}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-3}"
-echo "bench rc $?"
+if has fidelity; then
+  echo "== fidelity $(date +%T)"
+  timeout 90 python3 -m torch.distributed.run --nproc-per-node 2 --master-port "$(port)" \
+    examples/gpu/recorder_fidelity.py 2>&1 | grep -v "^\*\|OMP_NUM"
+  echo "fidelity rc ${PIPESTATUS[0]}"
+fi
+if has recorder; then
+  echo "== recorder alone $(date +%T)"
+  timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9
+  echo "bench_recorder rc $?"
+fi
+if has ddp; then
+  echo "== ddp hook $(date +%T)"
+  timeout 120 python3 benchmarks/bench_ddp_hook.py --cuda ${DDP_ARGS:-}
+  echo "bench_ddp_hook rc $?"
+fi
+if has captures; then
+  echo "== captures $(date +%T)"
+  rm -rf /tmp/cap && mkdir -p /tmp/cap
+  for s in nccl_skip_broadcast nccl_dataloader_deadlock nccl_pipeline_cycle nccl_stream_misplacement; do
+    timeout 170 python3 examples/gpu/capture.py --hangdoc --no-archive --out /tmp/cap \
+      --hang-wait "${HANG_WAIT:-25}" --nccl-timeout 25 --fr-wait 22 $s > /tmp/cap/$s.capture.log 2>&1 &
+  done
+  wait
+  cat /tmp/cap/*.capture.log
+  for s in /tmp/cap/nccl_*/; do
+    echo "-- $s"; python3 -m hangdoc aggregate "$s" 2>&1 | head -12
+    python3 -m hangdoc aggregate "$s/hangdoc-out" 2>/dev/null | head -6
+  done
+  tar czf "$OUT/captures.tgz" -C /tmp cap
+fi
+if has bench; then
+  echo "== bench $(date +%T)"
+  timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-3}"
+  echo "bench rc $?"
+fi
 echo "== done $(date +%T)"

@@ -265,7 +265,9 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
     except LookupError:
         return None
     c = ", ".join(call)
-    slow = "True" if spec.always_async else "_stream is not None or _async"
+    # The "work" setting catches the backend's Work inside the call: the generic path.
+    slow = ("True" if spec.always_async else
+            "_stream is not None or _async" if _CUDA_COMPLETION == "work" else "_async")
     fields = "_seq, {op!r}, _info, _shapes, _dtypes, _root, _peer, _async, _site, _stream, _ph, _t0".format(op=spec.op)
     lines = [
         "def factory(_fn, _d):",
@@ -297,6 +299,20 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         "            if _r is not None:",
         "                _r._complete(_rec, 'failed')",
         "            raise",
+        # A synchronous call on CUDA tensors is queued on its stream, not done: _track_cuda.
+        # The common case inlined (one append); every _EVENT_EVERY-th call and a stream's first
+        # one go through _track_cuda.
+        *(["        if _stream is not None:",
+           "            try:",
+           "                _r._cuda_calls = _n = _r._cuda_calls + 1",
+           "                _q = _r._events.get(_stream)",
+           f"                if _q is None or not _n % {_EVENT_EVERY}:",
+           "                    _r._track_cuda(_rec, _first)",
+           "                else:",
+           "                    _q.append(_rec)",
+           "            except Exception as _e:",
+           "                _report(_e)",
+           "            return _result"] if not spec.always_async else []),
         "        try:  # free in 3.11+ unless it raises",
         "            _t1 = _time()",
         "            _buf = _r._buf",
@@ -353,14 +369,14 @@ class Recorder:
         # id(Work) -> (Work, [records]) for async calls not yet seen completed. The strong reference
         # keeps the id from being reused; entries go as soon as completion is observed.
         self._works: Dict[int, Tuple[Any, List[list]]] = {}
-        # CUDA events recorded after a call on CUDA tensors: GPU completion without a sync.
-        # CUDA completion without a sync: per stream, (event or None, record) in issue order.
-        # Work on one stream completes in order, so a completed event completes every record before
-        # it; past a backlog only every 16th call records an event. Events are pooled for reuse.
+        # CUDA completion without a sync: per stream, (event or None, record) in issue order (see
+        # _track_cuda). Events are pooled for reuse.
         self._events: Dict[str, collections.deque] = {}
         self._event_pool: List[Any] = []
         self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for tail events
         self._sweep_lock = threading.Lock()
+        self._cuda_calls = 0
+        self._sweep_at = 4 * _EVENT_EVERY
         self._seq: Dict[Any, int] = {}
         self.errors = 0
         self.dumped_to: Optional[str] = None
@@ -414,38 +430,68 @@ class Recorder:
                     # deprecated and warn, so success is not asked here.
                     for rec in recs:
                         self._complete(rec)
-            for stream, entries in list(self._events.items()):
-                self._mark_tail(stream, entries)
+            for key, entries in list(self._events.items()):
+                if entries and self._sweep_idle(key, entries):
+                    continue
+                self._mark_tail(key, entries)
                 self._sweep_stream(entries)
         except Exception as e:  # a torn-down process group must not break the watchdog
             _report(e)
 
+    def _sweep_idle(self, key: str, entries: collections.deque) -> bool:
+        """A stream with nothing left to run (``cudaStreamQuery``, non-blocking) has completed every
+        record queued on it so far: exact at once, no event needed. True when that emptied it."""
+        stream = self._stream_objs.get(key)
+        query = getattr(stream, "query", None)
+        if query is None or not self._sweep_lock.acquire(False):
+            return False
+        try:
+            n = len(entries)  # appended before the query = launched before it
+            if not query():
+                return False
+            self._pop_done(entries, n)
+            return not entries
+        finally:
+            self._sweep_lock.release()
+
+    def _pop_done(self, entries: collections.deque, n: int) -> None:
+        """The oldest ``n`` entries are done: complete their records, pool their events."""
+        done = [entries.popleft() for _ in range(n)]
+        pool = self._event_pool
+        recs = []
+        for x in done:
+            if type(x) is tuple:
+                recs.append(x)
+            elif type(x) is _Event[0] and len(pool) < 1024:
+                pool.append(x)
+        self._complete_many(recs)
+
     def _mark_tail(self, key: str, entries: collections.deque) -> None:
-        """Past a backlog only every 16th call records an event, so the newest records may have
+        """Only every ``_EVENT_EVERY``-th call records an event, so the newest records may have
         none: an event recorded now on their stream follows all of them (work on one stream runs
         in order), so they are seen completed once the GPU got there, and never before."""
-        if not entries or entries[-1][0] is not None:
+        if not entries or type(entries[-1]) is not tuple:
             return
         stream = self._stream_objs.get(key)
         if stream is None or not self._sweep_lock.acquire(False):  # a sweep pops meanwhile: next time
             return
         try:
-            self._mark_tail_locked(entries, stream)
+            last = entries[-1]
+            if type(last) is not tuple:
+                return
+            ev = self._event_pool.pop() if self._event_pool else _new_event()
+            _record_event(ev, stream)
+            # The marker covers ``last`` and what came before it, launched before the event was
+            # recorded; the caller's thread may have appended more meanwhile (on the right only),
+            # which the marker must not cover: insert it right after ``last``.
+            n = len(entries)
+            for i in range(n - 1, max(-1, n - 256), -1):
+                if entries[i] is last:
+                    entries.insert(i + 1, ev)
+                    return
+            self._event_pool.append(ev)
         finally:
             self._sweep_lock.release()
-
-    def _mark_tail_locked(self, entries: collections.deque, stream: Any) -> None:
-        last = entries[-1]
-        if last[0] is not None:
-            return
-        ev = self._event_pool.pop() if self._event_pool else _new_event()
-        _record_event(ev, stream)
-        # The caller's thread may have appended meanwhile (appends only, on the right): find
-        # ``last`` again by identity.
-        for i in range(len(entries) - 1, max(-1, len(entries) - 64), -1):
-            if entries[i] is last:
-                entries[i] = (ev, last[1])
-                return
 
     def _sweep_stream(self, entries: collections.deque) -> None:
         # The watchdog's thread and the caller's may both sweep: one at a time, the other skips.
@@ -457,31 +503,28 @@ class Recorder:
             self._sweep_lock.release()
 
     def _sweep_stream_locked(self, entries: collections.deque) -> None:
-        # In-order completion: binary-search the newest completed marker (O(log n) queries), after
-        # asking the newest one first: a GPU keeping up has finished everything (one query).
-        marks = [i for i, (ev, _rec) in enumerate(entries) if ev is not None]
+        # ``entries`` holds records (tuples) and, after some of them, completion markers (CUDA
+        # events or Work objects) in stream order. In-order completion: binary-search the newest
+        # completed marker (O(log n) queries), after asking the newest one first: a GPU keeping
+        # up has finished everything (one query).
+        items = list(entries)  # the caller's thread may append meanwhile: a snapshot
+        marks = [i for i, x in enumerate(items) if type(x) is not tuple]
         lo, hi = 0, len(marks)  # marks[:lo] known complete, marks[hi:] known incomplete
         if hi:
-            m = entries[marks[-1]][0]
+            m = items[marks[-1]]
             if (m.query() if type(m) is _Event[0] else m.is_completed()):
                 lo = hi
             else:
                 hi -= 1
         while lo < hi:
             mid = (lo + hi) // 2
-            m = entries[marks[mid]][0]
+            m = items[marks[mid]]
             if (m.query() if type(m) is _Event[0] else m.is_completed()):
                 lo = mid + 1
             else:
                 hi = mid
-        if lo == 0:
-            return
-        done = [entries.popleft() for _ in range(marks[lo - 1] + 1)]
-        pool = self._event_pool
-        for ev, _rec in done:
-            if type(ev) is _Event[0] and len(pool) < 1024:
-                pool.append(ev)
-        self._complete_many([rec for _ev, rec in done])
+        if lo:
+            self._pop_done(entries, marks[lo - 1] + 1)
 
     def _complete_many(self, recs: List[tuple]) -> None:
         """Complete a batch in one backward pass over the buffer (they are recent, in order)."""
@@ -503,32 +546,56 @@ class Recorder:
         self._last_t1 = t1
 
     def _track_cuda(self, rec: tuple, stream: Tuple[str, Any]) -> None:
-        key = rec[_STREAM]
+        """A synchronous call on CUDA tensors returned: it is queued on ``stream``, not done.
+
+        Per stream, a queue of records in issue order; only every ``_EVENT_EVERY``-th call
+        appends a pooled CUDA event after its record (recording one costs microseconds, more than
+        the rest of the record; the generated wrappers append the other records inline). Work on
+        one stream runs in order, so a completed event completes every record queued before it,
+        and the newest records get a tail event whenever someone looks (``_sweep``: the
+        watchdog's poll, ``pending()``, ``dump()``): states stay exact when read, without a sync.
+        """
+        key = stream[0]
         entries = self._events.get(key)
         if entries is None:
             entries = self._events[key] = collections.deque()
             self._stream_objs[key] = stream[1]
-        n = len(entries)
+        entries.append(rec)
+        if self._cuda_calls % _EVENT_EVERY:
+            return
+        ev = self._event_pool.pop() if self._event_pool else _new_event()
+        _record_event(ev, stream[1])
+        entries.append(ev)
+        self._maybe_sweep(entries)
+
+    def _maybe_sweep(self, entries: collections.deque) -> None:
+        # The sweep scans the queue: sweeping again only once it doubled keeps that O(1) per call
+        # even when the CPU runs thousands of calls ahead of the GPU.
+        if len(entries) >= self._sweep_at:
+            self._sweep_stream(entries)
+            self._sweep_at = max(4 * _EVENT_EVERY, 2 * len(entries))
+
+    def _track_cuda_work(self, rec: tuple, stream: Tuple[str, Any]) -> None:
+        """The ``work`` setting: the backend's own Work for this call when c10d's Work.wait()
+        handed it over (its end event is already recorded, so completion costs no CUDA call of
+        ours), else the event path."""
+        self._cuda_calls += 1
         cap = _capture
         caught = cap[2]
         if caught is not None and caught[0] is rec:
-            # The backend's Work for this call: its end event is already recorded (NCCL), so
-            # completion costs no CUDA call of ours. Work.is_completed() never blocks.
             cap[2] = None
-            entries.append((caught[1], rec))
-        else:
-            if cap[0] is rec:
-                cap[0] = None
-            ev = None
-            if n < 64 or rec[_SEQ] % 16 == 0:
-                ev = self._event_pool.pop() if self._event_pool else _new_event()
-                # Event.record() looks the current stream up through Python (microseconds); the
-                # stream object was cached when the stream was first seen.
-                _record_event(ev, stream[1])
-            entries.append((ev, rec))
-        # Often enough that held Work objects (which keep their tensors alive) stay few.
-        if n >= 16 and rec[_SEQ] % 16 == 0:
-            self._sweep_stream(entries)
+            key = stream[0]
+            entries = self._events.get(key)
+            if entries is None:
+                entries = self._events[key] = collections.deque()
+                self._stream_objs[key] = stream[1]
+            entries.append(rec)
+            entries.append(caught[1])  # held Work objects keep their tensors alive: sweep often
+            self._maybe_sweep(entries)
+            return
+        if cap[0] is rec:
+            cap[0] = None
+        self._track_cuda(rec, stream)
 
     # -- output --------------------------------------------------------------------------------
     def _materialise(self, r: list) -> Any:
@@ -810,6 +877,8 @@ _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
 #: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work was caught this way for
 #: synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
 _CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
+#: One CUDA event per this many synchronous CUDA calls (plus a tail event when someone looks).
+_EVENT_EVERY = 32
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
 
@@ -865,7 +934,11 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
         else:
             r._complete(rec)  # async_op=True on a rank outside the group returns None
     elif rec[_STREAM] is not None:
-        r._track_cuda(rec, first)
+        if _CUDA_COMPLETION == "work":
+            r._track_cuda_work(rec, first)
+        else:
+            r._cuda_calls += 1
+            r._track_cuda(rec, first)
     else:
         r._complete(rec)
 
