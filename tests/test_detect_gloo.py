@@ -159,6 +159,8 @@ def test_skipped_broadcast_named_within_seconds_and_dumped(tmp_path):
     files = sorted(os.listdir(tmp_path / "out"))
     assert sum(f.startswith("stacks-") for f in files) == 2 and sum(f.startswith("collectives-") for f in files) == 2, files
     assert "culprit: rank 1" in err
+    # the report's headline says why it was taken: the divergence, not a hang
+    assert "hangdoc: DUMP: divergence in default_pg at collective #301" in err and "hangdoc: HANG:" not in err
 
 
 def test_uneven_loop_counts_majority_names_the_short_rank(tmp_path):

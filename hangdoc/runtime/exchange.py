@@ -271,7 +271,7 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
     # Ranks whose store operations failed still wrote their files (on a shared filesystem they
     # are here), and a rank's records file may have landed after its stacks file was seen.
     _collect_files(dog, entries)
-    return _report(dog, ident, entries, world)
+    return _report(dog, ident, entries, world, reason)
 
 
 def _take_over(store: Any, dog: Any, rank: int, deadline: float) -> bool:
@@ -358,7 +358,7 @@ def _preload_offline() -> None:
             pass
 
 
-def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int) -> Optional[str]:
+def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int, reason: str = "") -> Optional[str]:
     from hangdoc.atomic import write_atomic
 
     paths: List[str] = []
@@ -386,15 +386,23 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
         write_atomic(os.path.join(dog.out_dir, "report.json"), render(report, "json"))
     except Exception as e:  # the text report and the verdict matter more than the JSON
         say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
-    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path), ident)
+    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path, reason), ident)
     return text_path
 
 
-def verdict(report: Any, ranks: List[int], world: int, since: float, path: str) -> str:
-    """The lines printed into the job's log: headline, culprits, advice, where the report is."""
+def verdict(report: Any, ranks: List[int], world: int, since: float, path: str, reason: str = "") -> str:
+    """The lines printed into the job's log: headline, culprits, advice, where the report is.
+
+    The headline says why the dumps were taken: a stall (the watchdog's "no progress" reasons)
+    or another cause such as the detector's divergence, while the job still progresses.
+    """
     from hangdoc.ranges import compress_ranks
 
-    lines = [f"hangdoc: HANG: no progress for {since:.1f}s; dumps from ranks {compress_ranks(ranks)} of {world}"]
+    got = f"dumps from ranks {compress_ranks(ranks)} of {world}"
+    if not reason or "no progress" in reason:
+        lines = [f"hangdoc: HANG: no progress for {since:.1f}s; {got}"]
+    else:
+        lines = [f"hangdoc: DUMP: {reason}; {got}"]
     missing = sorted(set(range(world)) - set(ranks))
     if missing:
         lines.append(f"hangdoc:   no dump from ranks {compress_ranks(missing)}")
