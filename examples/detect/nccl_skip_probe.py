@@ -460,11 +460,34 @@ def summarize(trials: List[dict]) -> dict:
     return dict(outcomes=outcomes, silent=silent, hang_later=later)
 
 
+def pick(path: str) -> str:
+    """The configuration for examples/detect/nccl_silent_skip.py from a probe's JSON, as
+    ``ENV=VALUE ... -- --pattern P --size N``: the first pairing of a broadcast with an all_reduce
+    (patterns A, C: the signatures differ, so the detector can tell) that NCCL completed silently,
+    else one that ran on past the skip before hanging; empty when there is none."""
+    try:
+        with open(path) as f:
+            trials = json.load(f)["trials"]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{path}: no probe results ({type(e).__name__}: {e})", file=sys.stderr)
+        return ""
+    for outcome in ("silent", "hang-later"):
+        for r in trials:
+            if r["outcome"] == outcome and r["pattern"] in ("A", "C"):
+                env = " ".join(f"{k}={r[k.split('_')[1].lower()]}" for k in ("NCCL_PROTO", "NCCL_ALGO")
+                               if r[k.split('_')[1].lower()] != "default")
+                return f"{env} -- --pattern {r['pattern']} --size {r['n']}".strip()
+    return ""
+
+
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--worker"]:
         return worker(json.loads(argv[1]))
+    if argv[:1] == ["--pick"]:
+        print(pick(argv[1]))
+        return 0
     args = parse_args(argv)
     if args.list:
         for i, cfg in enumerate(args.matrix):
