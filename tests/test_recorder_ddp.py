@@ -277,3 +277,27 @@ def test_skipped_backward_names_the_rank(procs, tmp_path):
     assert "for rank 1, which is behind" in head["summary"], head["summary"]
     assert f"worker.py:{_line('BACKWARD LINE')}" in head["summary"], head["summary"]
     assert 0 not in [c["rank"] for c in head["culprits"]]
+
+
+def test_install_is_idempotent_and_uninstall_restores(monkeypatch):
+    import doctest
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hangdoc.runtime import ddp
+
+    monkeypatch.delenv("HANGDOC_RECORD_DDP", raising=False)
+    original = DDP.__dict__["forward"]
+    try:
+        assert ddp.install() and ddp.install()
+        assert DDP.__dict__["forward"].__hangdoc_original__ is original
+        ddp.uninstall()
+        ddp.uninstall()
+        assert DDP.__dict__["forward"] is original and not ddp.installed()
+        monkeypatch.setenv("HANGDOC_RECORD_DDP", "0")
+        assert ddp.install() is False and DDP.__dict__["forward"] is original
+        monkeypatch.delenv("HANGDOC_RECORD_DDP")
+        result = doctest.testmod(ddp)
+        assert result.failed == 0 and result.attempted > 0
+    finally:
+        ddp.uninstall()
