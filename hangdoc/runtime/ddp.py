@@ -133,7 +133,7 @@ def _skip(ddp: Any) -> Optional[str]:
 
 def _attach(ddp: Any, caller: Any) -> None:
     """Decide once per reducer whether ``ddp`` gets hangdoc's hook, and register it."""
-    reducer = ddp.reducer
+    reducer = ddp.__dict__.get("reducer")
     ddp.__dict__[_ATTR] = id(reducer)  # decided, whatever happens next: never retried per step
     if _skip(ddp) is not None:
         return
@@ -171,7 +171,8 @@ def _report(e: BaseException) -> None:
 def _make_forward(original: Callable) -> Callable:
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         out = original(self, *inputs, **kwargs)
-        if self.__dict__.get(_ATTR) != id(self.reducer) and _originals:
+        # __dict__, not attributes: a DDP whose parameters are all delayed has no reducer at all
+        if self.__dict__.get(_ATTR) != id(self.__dict__.get("reducer")) and _originals:
             try:
                 # the caller of DDP.__call__ machinery: this frame's caller onwards
                 _attach(self, _getframe(1))
