@@ -97,6 +97,7 @@ def run(rank: int, args) -> None:
     if args.cpu is not None:  # before any thread exists: gloo's threads inherit it
         os.sched_setaffinity(0, {(args.cpu + rank) % os.cpu_count()})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK=str(rank), WORLD_SIZE="2")
+    os.environ.setdefault("HANGDOC_RECORD_DDP", "1")  # on GPUs the hook is opt-in: this measures it
     import torch
     import torch.distributed as dist
 

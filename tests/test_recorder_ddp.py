@@ -301,3 +301,20 @@ def test_install_is_idempotent_and_uninstall_restores(monkeypatch):
         assert result.failed == 0 and result.attempted > 0
     finally:
         ddp.uninstall()
+
+
+def test_gpu_instances_are_opt_in(monkeypatch):
+    # On GPUs a Python comm hook costs ~90-150 us per bucket (docs/recorder.md): opt-in there.
+    from hangdoc.runtime import ddp as hd
+
+    class FakeDDP:
+        device_type = "cuda"
+        _comm_hooks = []
+
+    monkeypatch.delenv("HANGDOC_RECORD_DDP", raising=False)
+    assert hd._skip(FakeDDP()) == "GPU parameters without HANGDOC_RECORD_DDP=1"
+    monkeypatch.setenv("HANGDOC_RECORD_DDP", "1")
+    assert hd._skip(FakeDDP()) != "GPU parameters without HANGDOC_RECORD_DDP=1"
+    FakeDDP.device_type = "cpu"
+    monkeypatch.delenv("HANGDOC_RECORD_DDP")
+    assert hd._skip(FakeDDP()) != "GPU parameters without HANGDOC_RECORD_DDP=1"

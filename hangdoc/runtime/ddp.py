@@ -15,7 +15,12 @@ DDP's process group, phase ``backward``) and sees it complete through its Work.
 A comm hook of the user's (``register_comm_hook``, ``_register_builtin_comm_hook``, mixed
 precision, fused optimizers) takes precedence: an instance that has one is left alone, and one
 registered after hangdoc's (after the first forward) replaces it instead of failing with torch's
-"can only be called once". ``HANGDOC_RECORD_DDP=0`` turns ``install()`` off.
+"can only be called once".
+
+Cost decides where it is on: on CPU (gloo) the hook's cost is lost in the step's noise, so it is
+on by default; on GPUs any Python comm hook, torch's own ``allreduce_hook`` alike, costs ~90-150 us
+per bucket (a small DDP step x1.33 on 2 x H200), so there it is opt-in: ``HANGDOC_RECORD_DDP=1``.
+``HANGDOC_RECORD_DDP=0`` turns it off everywhere.
 
     >>> from hangdoc.runtime import ddp
     >>> ddp.install() in (True, False)      # False without torch.distributed or when opted out
@@ -113,6 +118,10 @@ def _forward_site(frame: Any) -> tuple:
 def _skip(ddp: Any) -> Optional[str]:
     """Why this instance keeps DDP's own path (None: hook it). Reasons are not printed: a user's
     hook taking precedence is the intended behaviour, not news."""
+    if _on_gpu(ddp) and os.environ.get(_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+        # Measured on 2 x H200 (docs/recorder.md): any Python comm hook (torch's own
+        # allreduce_hook alike) adds ~90-150 us per bucket there, x1.33 on a small step. Opt-in.
+        return "GPU parameters without HANGDOC_RECORD_DDP=1"
     if getattr(ddp, "_comm_hooks", None):
         return "a comm hook of the user's"
     if getattr(ddp, "_hangdoc_builtin_hook", False):
@@ -129,6 +138,16 @@ def _skip(ddp: Any) -> Optional[str]:
     if any(isinstance(m, sparse) and m.sparse for m in ddp.module.modules()):
         return "sparse gradients"
     return None
+
+
+def _on_gpu(ddp: Any) -> bool:
+    device_type = getattr(ddp, "device_type", None)
+    if isinstance(device_type, str):
+        return device_type != "cpu"
+    try:
+        return next(ddp.module.parameters()).device.type != "cpu"
+    except Exception:
+        return False
 
 
 def _attach(ddp: Any, caller: Any) -> None:

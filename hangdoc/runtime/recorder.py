@@ -1202,6 +1202,9 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         return None
     _groups.clear()
     _recorder = rec
+    from hangdoc.runtime import ddp
+
+    ddp.install()  # DDP's gradient all_reduces (never raises; see hangdoc/runtime/ddp.py)
     if _STREAMS and _CUDA_COMPLETION == "work":  # streams seen by an earlier enable(): no first sight again
         _install_wait()
     atexit.register(_dump_at_exit)
@@ -1247,6 +1250,9 @@ def _dump_at_exit() -> None:
 def disable() -> None:
     """Stop recording and restore every wrapped function (the Recorder stays readable)."""
     global _recorder, _wait_original
+    from hangdoc.runtime import ddp
+
+    ddp.uninstall()
     for (mod, name), fn in list(_originals.items()):
         setattr(mod, name, fn)
     _originals.clear()
