@@ -50,6 +50,9 @@ SCRIPT = textwrap.dedent('''
     if mode == "events":  # the GPU got past every event, the stream is not idle yet
         for ev, _ in recorded:
             ev.done = True
+    elif mode.startswith("stop:"):  # the GPU hangs in call K+1: only the first K calls ran
+        for ev, _ in recorded[:int(mode[5:])]:
+            ev.done = True
     else:  # the stream drained: no event needs asking
         Stream.idle = True
     out = {"markers": markers, "events": len(recorded), "pending_before": pending_before,
@@ -62,8 +65,11 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(mode, n=40, gpu="events"):
+def run(mode, n=40, gpu="events", every=None):
     env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("HANGDOC_CUDA_EVENT_EVERY", None)
+    if every:
+        env["HANGDOC_CUDA_EVENT_EVERY"] = str(every)
     r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(n), gpu], capture_output=True, text=True, timeout=60, env=env,
                        cwd=ROOT, start_new_session=True)
     assert r.returncode == 0, r.stderr
@@ -81,21 +87,35 @@ def test_work_mode_uses_the_backends_work_and_records_no_event():
 
 def test_event_mode_completes_in_stream_order_only_when_events_complete():
     out = run("event")
-    # One event per 32 calls on the hot path, plus one tail event when pending() looked.
-    assert out["events"] == 40 // 32 + 1 and out["stream_objects"] == ["stream-object"]
+    # One event after every call (the default): no tail event needed.
+    assert out["events"] == 40 and out["stream_objects"] == ["stream-object"]
     # Nothing is completed before its event is: a sync CUDA call returning is not completion.
     assert out["pending_before"] == 40
     assert out["pending_after"] == 0 and out["progress"] == 40
 
 
-def test_event_mode_backlog_tail_completes_through_a_tail_event():
-    # 1000 calls with no GPU progress: an event every 32nd call, the sweeps (when the queue
-    # doubled) find none completed; the newest records get a tail event when someone looks
-    # (pending()), so none stays issued once the GPU got there.
-    out = run("event", 1000)
+def test_event_mode_is_exact_at_the_hang_boundary():
+    # The GPU ran the first 25 calls and hangs in the 26th: exactly 15 stay issued, so "blocked
+    # in" names call 26, not an earlier one (what a sampled event would blur).
+    out = run("event", 40, gpu="stop:25")
+    assert out["pending_before"] == 40 and out["pending_after"] == 15 and out["progress"] == 25
+
+
+def test_sampled_events_complete_the_tail_through_a_tail_event():
+    # HANGDOC_CUDA_EVENT_EVERY=32, 1000 calls with no GPU progress: an event every 32nd call, the
+    # sweeps (when the queue doubled) find none completed; the newest records get a tail event
+    # when someone looks (pending()), so none stays issued once the GPU got there.
+    out = run("event", 1000, every=32)
     assert out["pending_before"] == 1000
     assert out["events"] == 1000 // 32 + 1
     assert out["pending_after"] == 0 and out["progress"] == 1000
+
+
+def test_sampled_events_blur_the_hang_boundary():
+    # The trade-off of sampling, pinned down: the GPU ran 40 of 50 calls, but the last event it
+    # passed follows call 32, so calls 33-40 still read issued.
+    out = run("event", 50, gpu="stop:1", every=32)
+    assert out["pending_after"] == 50 - 32 and out["progress"] == 32
 
 
 def test_an_idle_stream_completes_its_records_without_asking_events():

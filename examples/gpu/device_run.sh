@@ -50,13 +50,15 @@ fi
 if has fidelity; then
   echo "== fidelity $(date +%T)"
   timeout 90 python3 -m torch.distributed.run --nproc-per-node 2 --master-port "$(port)" \
-    examples/gpu/recorder_fidelity.py 2>&1 | grep -v "^\*\|OMP_NUM"
+    examples/gpu/recorder_fidelity.py 2>&1 | grep -v "^\*\|OMP_NUM" | tee "$OUT/fidelity.log"
   echo "fidelity rc ${PIPESTATUS[0]}"
 fi
 if has recorder; then
-  echo "== recorder alone $(date +%T)"
-  timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9
-  echo "bench_recorder rc $?"
+  for every in ${EVENT_EVERY:-1}; do
+    echo "== recorder alone, HANGDOC_CUDA_EVENT_EVERY=$every $(date +%T)"
+    HANGDOC_CUDA_EVENT_EVERY=$every timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9 2>&1 | tee "$OUT/recorder-every$every.log"
+    echo "bench_recorder rc ${PIPESTATUS[0]}"
+  done
 fi
 if has ddp; then
   echo "== ddp hook $(date +%T)"
@@ -71,16 +73,16 @@ if has captures; then
       --hang-wait "${HANG_WAIT:-25}" --nccl-timeout 25 --fr-wait 22 $s > /tmp/cap/$s.capture.log 2>&1 &
   done
   wait
-  cat /tmp/cap/*.capture.log
-  for s in /tmp/cap/nccl_*/; do
-    echo "-- $s"; python3 -m hangdoc aggregate "$s" 2>&1 | head -12
-    python3 -m hangdoc aggregate "$s/hangdoc-out" 2>/dev/null | head -6
-  done
   tar czf "$OUT/captures.tgz" -C /tmp cap
+  for s in /tmp/cap/nccl_*/; do
+    echo "-- $s"; python3 -m hangdoc aggregate "$s" 2>&1 | sed -n 3,4p
+    python3 -m hangdoc aggregate "$s/hangdoc-out" 2>&1 | sed -n 3,8p
+  done 2>&1 | tee "$OUT/captures-verdicts.log"
 fi
 if has bench; then
   echo "== bench $(date +%T)"
-  timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-3}"
-  echo "bench rc $?"
+  timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" 2>&1 \
+    | grep -v "^\*\|OMP_NUM\|Utils.hpp\|^$" | tee "$OUT/bench.log"
+  echo "bench rc ${PIPESTATUS[0]}"
 fi
 echo "== done $(date +%T)"

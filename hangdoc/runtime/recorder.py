@@ -300,16 +300,18 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         "                _r._complete(_rec, 'failed')",
         "            raise",
         # A synchronous call on CUDA tensors is queued on its stream, not done: _track_cuda.
-        # The common case inlined (one append); every _EVENT_EVERY-th call and a stream's first
+        # With HANGDOC_CUDA_EVENT_EVERY=N > 1 the common case is inlined (one append); every N-th
         # one go through _track_cuda.
         *(["        if _stream is not None:",
            "            try:",
-           "                _r._cuda_calls = _n = _r._cuda_calls + 1",
-           "                _q = _r._events.get(_stream)",
-           f"                if _q is None or not _n % {_EVENT_EVERY}:",
-           "                    _r._track_cuda(_rec, _first)",
-           "                else:",
-           "                    _q.append(_rec)",
+           *(["                _r._cuda_calls += 1",
+              "                _r._track_cuda(_rec, _first)"] if _EVENT_EVERY == 1 else
+             ["                _r._cuda_calls = _n = _r._cuda_calls + 1",
+              "                _q = _r._events.get(_stream)",
+              f"                if _q is None or not _n % {_EVENT_EVERY}:",
+              "                    _r._track_cuda(_rec, _first)",
+              "                else:",
+              "                    _q.append(_rec)"]),
            "            except Exception as _e:",
            "                _report(_e)",
            "            return _result"] if not spec.always_async else []),
@@ -376,7 +378,7 @@ class Recorder:
         self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for tail events
         self._sweep_lock = threading.Lock()
         self._cuda_calls = 0
-        self._sweep_at = 4 * _EVENT_EVERY
+        self._sweep_at = _SWEEP_MIN
         self._seq: Dict[Any, int] = {}
         self.errors = 0
         self.dumped_to: Optional[str] = None
@@ -467,7 +469,8 @@ class Recorder:
         self._complete_many(recs)
 
     def _mark_tail(self, key: str, entries: collections.deque) -> None:
-        """Only every ``_EVENT_EVERY``-th call records an event, so the newest records may have
+        """With HANGDOC_CUDA_EVENT_EVERY=N > 1 only every N-th call records an event (and a backend
+        Work caught in the ``work`` setting has none after it), so the newest records may have
         none: an event recorded now on their stream follows all of them (work on one stream runs
         in order), so they are seen completed once the GPU got there, and never before."""
         if not entries or type(entries[-1]) is not tuple:
@@ -548,12 +551,12 @@ class Recorder:
     def _track_cuda(self, rec: tuple, stream: Tuple[str, Any]) -> None:
         """A synchronous call on CUDA tensors returned: it is queued on ``stream``, not done.
 
-        Per stream, a queue of records in issue order; only every ``_EVENT_EVERY``-th call
-        appends a pooled CUDA event after its record (recording one costs microseconds, more than
-        the rest of the record; the generated wrappers append the other records inline). Work on
-        one stream runs in order, so a completed event completes every record queued before it,
-        and the newest records get a tail event whenever someone looks (``_sweep``: the
-        watchdog's poll, ``pending()``, ``dump()``): states stay exact when read, without a sync.
+        Per stream, a queue of records in issue order, each followed by a pooled CUDA event
+        (every ``_EVENT_EVERY``-th with HANGDOC_CUDA_EVENT_EVERY=N: the generated wrappers append
+        the others inline). Work on one stream runs in order, so a completed event completes every
+        record queued before it; a stream found idle completes its whole queue without asking an
+        event, and records without an event get a tail event whenever someone looks (``_sweep``:
+        the watchdog's poll, ``pending()``, ``dump()``). No sync is ever added.
         """
         key = stream[0]
         entries = self._events.get(key)
@@ -573,7 +576,7 @@ class Recorder:
         # even when the CPU runs thousands of calls ahead of the GPU.
         if len(entries) >= self._sweep_at:
             self._sweep_stream(entries)
-            self._sweep_at = max(4 * _EVENT_EVERY, 2 * len(entries))
+            self._sweep_at = max(_SWEEP_MIN, 2 * len(entries))
 
     def _track_cuda_work(self, rec: tuple, stream: Tuple[str, Any]) -> None:
         """The ``work`` setting: the backend's own Work for this call when c10d's Work.wait()
@@ -871,14 +874,27 @@ _STREAMS: Dict[tuple, Tuple[str, Any]] = {}
 _CUR_STREAM: List[Callable[[int], tuple]] = [lambda device: ()]
 _new_event: Callable[[], Any] = lambda: None
 _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
+#: Queue length (records and markers) that triggers a sweep from the caller's thread; after a
+#: sweep the next one waits until the queue doubled (one event query per sweep when the GPU keeps up).
+_SWEEP_MIN = 128
 #: How synchronous CUDA calls are seen completed: "event" (a pooled CUDA event per call; past a
 #: backlog every 16th, plus one for the newest records when someone looks) or "work" (the
 #: backend's own Work, caught in the Work.wait() that c10d calls for a synchronous call, falling
 #: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work was caught this way for
 #: synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
 _CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
-#: One CUDA event per this many synchronous CUDA calls (plus a tail event when someone looks).
-_EVENT_EVERY = 32
+#: A CUDA event after every how many synchronous CUDA calls. 1 (the default) keeps every record's
+#: state exact at a hang: the calls just before the hung one are seen completed, so "blocked in"
+#: names the right call (on 2 x H200 one event record cost 1.3 us). N > 1 records one per N calls,
+#: cheaper, but the last < N calls before a hang read "issued" though they completed (docs/gpu.md).
+def _env_int(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, "") or default))
+    except ValueError:
+        return default
+
+
+_EVENT_EVERY = _env_int("HANGDOC_CUDA_EVENT_EVERY", 1)
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
 
