@@ -204,3 +204,44 @@ def test_run2_stream_misplacement_completion_state():
     for x in job.records:
         by_state.setdefault(x.state, set()).add(x.seq)
     assert by_state["issued"] == {4} and max(by_state["completed"]) == 3
+
+
+# -- run 3: the recorder with its CUDA queue (one event per call, idle-stream completion) -----------
+RUN3 = os.path.join(RUN1, "hangdoc-run3")
+
+
+def blocked_in(scenario):
+    """Per rank, the 'blocked in' evidence of the headline: which call the records say is stuck."""
+    f = analyse(read_paths([os.path.join(RUN3, scenario)])).findings[0]
+    return f, sorted(e for e in f.evidence if " is blocked in " in e)
+
+
+@pytest.mark.parametrize("scenario, kind, culprits, stuck", [
+    # the call each rank really hangs in (NCCL's own watchdog agreed in log.txt), not an earlier one
+    ("nccl_skip_broadcast", "collective-mismatch", {1},
+     ["rank 0 is blocked in all_reduce([1024] float32) #8 ", "rank 1 is blocked in all_reduce([1024] float32) #7 "]),
+    ("nccl_pipeline_cycle", "p2p-cycle", {0, 1},
+     ["rank 0 is blocked in recv([4096] float32, peer=1) #6 ", "rank 1 is blocked in recv([4096] float32, peer=0) #6 "]),
+    ("nccl_stream_misplacement", "stream-misplacement", {1},
+     ["rank 0 is blocked in all_reduce([65536] float32) #4 of group 2", "rank 1 is blocked in all_reduce([65536] float32) #4 of group 1"]),
+])
+def test_run3_verdicts_and_exact_completion(scenario, kind, culprits, stuck):
+    f, evidence = blocked_in(scenario)
+    assert f.kind == kind and {c.rank for c in f.culprits} == culprits
+    assert len(evidence) == 2 and all(e.startswith(s) for e, s in zip(evidence, stuck)), evidence
+
+
+def test_run3_pipeline_records_complete_up_to_the_cycle():
+    # Calls 0-5 ran (NCCL: "last completed work: 6" counts from 1); 6 and 7 never did.
+    job = read_paths([os.path.join(RUN3, "nccl_pipeline_cycle", "records")])
+    for rank in (0, 1):
+        states = [r.state for r in sorted((r for r in job.records if r.rank == rank), key=lambda r: r.seq)]
+        assert states == ["completed"] * 6 + ["issued"] * 2, (rank, states)
+    with open(os.path.join(RUN3, "nccl_pipeline_cycle", "log.txt")) as f:
+        assert "last enqueued work: 8, last completed work: 6" in f.read()
+
+
+def test_run3_dataloader_records_agree_with_the_stacks():
+    f, _ = blocked_in("nccl_dataloader_deadlock")
+    assert f.kind == "dataloader-stall" and {c.rank for c in f.culprits} == {1}
+    assert any("the collective records agree: rank 0 waits in all_reduce #3" in e for e in f.evidence)
