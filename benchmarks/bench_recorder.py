@@ -47,7 +47,7 @@ def _loop_module(dist, t, n: int) -> float:
 
 
 def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = False,
-        cpu: int | None = None) -> None:
+        cpu: int | None = None, variants: bool = False) -> None:
     if cpu is not None:  # before any thread exists: gloo's threads inherit it
         os.sched_setaffinity(0, {cpu})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -64,6 +64,10 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
         dist.init_process_group("gloo", rank=rank, world_size=world)
         t = torch.ones(4)
     _loop_module(dist, t, 2000)  # warm-up
+    if variants:
+        _variants(recorder, dist, t, calls, rounds, rank)
+        dist.destroy_process_group()
+        return
     off, on = [], []
     n_rec = 0
     rec = None
@@ -118,6 +122,66 @@ def _wrapper_only(recorder, t, n: int) -> None:
           f"{statistics.median(rounds):.2f} median")
 
 
+def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
+    """Where the in-loop cost comes from: the recorder on in several reduced forms, each round
+    running every setting once (rotating order) and compared with that round's "off"."""
+    import gc
+
+    def plain():
+        return lambda: None
+
+    def gc_off():
+        gc.disable()
+        return gc.enable
+
+    def on(**patches):
+        def setup():
+            saved = {k: getattr(recorder, k) for k in patches}
+            for k, v in patches.items():
+                setattr(recorder, k, v)
+            recorder.enable(capacity=100_000)
+            if "_group_info" in patches:
+                recorder._groups.clear()
+
+            def undo():
+                recorder.disable()
+                for k, v in saved.items():
+                    setattr(recorder, k, v)
+            return undo
+        return setup
+
+    def on_gc_off():
+        undo_gc, undo_on = gc_off(), on()()
+        return lambda: (undo_on(), undo_gc())
+
+    settings = {
+        "off": plain,
+        "on (default: an event per call)": on(),
+        "on, no events (tail only)": on(_EVENT_EVERY=10 ** 9),
+        "on, CPU path (no CUDA queue)": on(_cuda_built=lambda: False),
+        "wrapper layer only (no record)": on(_group_info=lambda group: None),
+        "off, gc disabled": gc_off,
+        "on, gc disabled": on_gc_off,
+    }
+    names = list(settings)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            gc.collect()
+            undo = settings[name]()
+            try:
+                times[name].append(_loop_module(dist, t, calls))
+            finally:
+                undo()
+    if rank == 0:
+        print(f"variants: {rounds} rounds x {calls} calls, each setting once per round (rotating order)")
+        for name in names:
+            d = [a - b for a, b in zip(times[name], times["off"])]
+            print(f"  {name:34s} median {statistics.median(times[name]):7.2f} µs/call   "
+                  f"vs off in the same round: median {statistics.median(d):+6.2f}, min {min(d):+6.2f}")
+
+
 def _cuda_parts(t, n: int) -> None:
     """What each torch call on the CUDA path costs on this host (µs per call, best of 5)."""
     import torch
@@ -152,6 +216,8 @@ def main() -> int:
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--cuda", action="store_true", help="NCCL on CUDA tensors (one GPU per rank)")
     ap.add_argument("--cpu", type=int, default=None, help="pin each rank to this CPU (rank r: CPU N + r)")
+    ap.add_argument("--variants", action="store_true",
+                    help="where the cost comes from: the recorder on in reduced forms, round by round")
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -164,10 +230,11 @@ def main() -> int:
         others = [subprocess.Popen([sys.executable, __file__, "--calls", str(args.calls), "--rounds", str(args.rounds),
                                     "--world", str(args.world), "--rank", str(r), "--port", str(args.port)]
                                    + (["--cuda"] if args.cuda else [])
+                                   + (["--variants"] if args.variants else [])
                                    + (["--cpu", str((args.cpu + r) % os.cpu_count())] if args.cpu is not None else []),
                                    start_new_session=True) for r in range(1, args.world)]
         try:
-            run(0, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu)
+            run(0, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu, args.variants)
         finally:
             for p in others:
                 try:
@@ -175,7 +242,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, 9)
         return 0
-    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu)
+    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu, args.variants)
     return 0
 
 

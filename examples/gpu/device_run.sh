@@ -5,6 +5,7 @@
 #             probe found of the broadcast-vs-all_reduce kind (else DETECT_ARGS)
 #   fidelity  examples/gpu/recorder_fidelity.py: issued vs completed on NCCL, no sync added
 #   recorder  benchmarks/bench_recorder.py --cuda: recorder off/on alternating in one process
+#   variants  benchmarks/bench_recorder.py --cuda --variants: the recorder on in reduced forms
 #   ddp       benchmarks/bench_ddp_hook.py --cuda: DDP step, builtin vs hangdoc's recording hook
 #   captures  the four NCCL hangs through hangdoc (records, watchdog stacks, py-spy, Flight Recorder)
 #   bench     benchmarks/bench_gpu_overhead.py: none / Flight Recorder / hangdoc / both
@@ -59,6 +60,11 @@ if has recorder; then
     HANGDOC_CUDA_EVENT_EVERY=$every timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9 2>&1 | tee "$OUT/recorder-every$every.log"
     echo "bench_recorder rc ${PIPESTATUS[0]}"
   done
+fi
+if has variants; then
+  echo "== recorder variants $(date +%T)"
+  timeout 120 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 11 --variants 2>&1 | tee "$OUT/variants.log"
+  echo "variants rc ${PIPESTATUS[0]}"
 fi
 if has ddp; then
   echo "== ddp hook $(date +%T)"

@@ -304,8 +304,18 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         # one go through _track_cuda.
         *(["        if _stream is not None:",
            "            try:",
-           *(["                _r._cuda_calls += 1",
-              "                _r._track_cuda(_rec, _first)"] if _EVENT_EVERY == 1 else
+           # an event after every call: _track_cuda's common case inlined (a pooled event)
+           *(["                _q = _r._events.get(_stream)",
+              "                _pool = _r._event_pool",
+              "                if _q is None or not _pool:",
+              "                    _r._track_cuda(_rec, _first)",
+              "                else:",
+              "                    _ev = _pool.pop()",
+              "                    _record_event(_ev, _first[1])",
+              "                    _q.append(_rec)",
+              "                    _q.append(_ev)",
+              "                    if len(_q) >= _r._sweep_at:",
+              "                        _r._maybe_sweep(_q)"] if _EVENT_EVERY == 1 else
              ["                _r._cuda_calls = _n = _r._cuda_calls + 1",
               "                _q = _r._events.get(_stream)",
               f"                if _q is None or not _n % {_EVENT_EVERY}:",
