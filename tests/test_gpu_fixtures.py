@@ -245,3 +245,34 @@ def test_run3_dataloader_records_agree_with_the_stacks():
     f, _ = blocked_in("nccl_dataloader_deadlock")
     assert f.kind == "dataloader-stall" and {c.rank for c in f.culprits} == {1}
     assert any("the collective records agree: rank 0 waits in all_reduce #3" in e for e in f.evidence)
+
+
+# -- sampled CUDA events (one per 32 calls) + Flight Recorder: FR's states refine the records ------
+SAMPLED = os.path.join(RUN1, "hangdoc-run-sampled")
+
+
+def test_sampled_records_alone_lose_the_pipeline_cycle():
+    kind, _, _, _ = verdict(os.path.join(SAMPLED, "nccl_pipeline_cycle", "records"))
+    assert kind == "no-hang"  # every p2p call reads issued: no first pending recv per rank
+
+
+@pytest.mark.parametrize("scenario, kind, stuck", [
+    ("nccl_pipeline_cycle", "p2p-cycle", ["rank 0 is blocked in recv([4096] float32, peer=1) #6 ",
+                                          "rank 1 is blocked in recv([4096] float32, peer=0) #6 "]),
+    ("nccl_skip_broadcast", "collective-mismatch", ["rank 0 is blocked in all_reduce([1024] float32) #8 ",
+                                                    "rank 1 is blocked in all_reduce([1024] float32) #7 "]),
+])
+def test_flight_recorder_refines_sampled_records(scenario, kind, stuck):
+    f = analyse(read_paths([os.path.join(SAMPLED, scenario)])).findings[0]
+    evidence = sorted(e for e in f.evidence if " is blocked in " in e)
+    assert f.kind == kind and len(evidence) == 2
+    assert all(e.startswith(s) for e, s in zip(evidence, stuck)), evidence
+
+
+def test_refinement_never_contradicts_exact_records():
+    # run 2 had an event per call: Flight Recorder agrees with every state it can pair
+    from hangdoc.analysis.sequence import refine_states
+
+    for scenario in ("nccl_skip_broadcast", "nccl_pipeline_cycle", "nccl_dataloader_deadlock"):
+        job = read_paths([run2(scenario, "records"), run2(scenario, "fr")])
+        assert refine_states(job.records) == 0, scenario

@@ -1,7 +1,8 @@
 """The offline side's analysis: a :class:`~hangdoc.model.Job` in, a :class:`~hangdoc.model.Report` out.
 
-Each stage is a function of the model; :func:`analyse` runs them in order:
-grouping and the merged tree (``grouping``), then the rules (``diagnose``).
+Each stage is a function of the model; :func:`analyse` runs them in order: completion states
+reconciled across sources (``sequence.refine_states``), grouping and the merged tree
+(``grouping``), then the rules (``diagnose``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ def analyse(job: Job, granularity: str = "function+line") -> Report:
     """
     from hangdoc.analysis.diagnose import diagnose
     from hangdoc.analysis.grouping import build_report
+    from hangdoc.analysis.sequence import refine_states
 
+    refine_states(job.records)  # Flight Recorder's completion states refine hangdoc's
     report = build_report(job, granularity=granularity)
     report.findings = diagnose(report)
     return report
