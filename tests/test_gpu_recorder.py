@@ -67,7 +67,8 @@ SCRIPT = textwrap.dedent('''
 
 def run(mode, n=40, gpu="events", every=None):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    env.pop("HANGDOC_CUDA_EVENT_EVERY", None)
+    for name in ("HANGDOC_CUDA_EVENT_EVERY", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env.pop(name, None)
     if every:
         env["HANGDOC_CUDA_EVENT_EVERY"] = str(every)
     r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(n), gpu], capture_output=True, text=True, timeout=60, env=env,
@@ -123,3 +124,27 @@ def test_an_idle_stream_completes_its_records_without_asking_events():
     # cudaStreamQuery said idle: everything queued so far is done, at once and exactly.
     assert out["pending_before"] == 100
     assert out["pending_after"] == 0 and out["progress"] == 100
+
+
+def test_a_dump_takes_exact_states_from_this_processs_flight_recorder(monkeypatch):
+    # The in-job half of the refinement: with Flight Recorder on, Recorder.dump() reads this
+    # process's Flight Recorder buffer (torch._C._distributed_c10d._dump_nccl_trace) and lifts the
+    # records it saw complete. Fed with the 2 x H200 capture whose events were sampled.
+    import torch._C._distributed_c10d as c10d_c
+
+    from hangdoc.readers import records as records_reader
+    from hangdoc.runtime import recorder as R
+
+    base = os.path.join(ROOT, "tests", "fixtures", "gpu", "hangdoc-run-sampled", "nccl_pipeline_cycle")
+    rec_file = [f for f in os.listdir(os.path.join(base, "records")) if "-r0-" in f][0]
+    mine = records_reader.read(os.path.join(base, "records", rec_file))
+    assert [r.state for r in mine] == ["issued"] * 8
+    with open(os.path.join(base, "fr", "nccl_trace_rank_0"), "rb") as f:
+        blob = f.read()
+    monkeypatch.setattr(c10d_c, "_dump_nccl_trace", lambda **kw: blob, raising=False)
+    monkeypatch.setattr(c10d_c, "_dump_fr_trace", lambda **kw: b"", raising=False)
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    assert R._refine_from_flight_recorder(mine) == 6
+    assert [r.state for r in mine] == ["completed"] * 6 + ["issued"] * 2
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # Flight Recorder off: nothing is asked
+    assert R._refine_from_flight_recorder(mine) == 0

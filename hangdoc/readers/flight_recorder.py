@@ -92,7 +92,11 @@ def looks_like(path: str, head: bytes) -> bool:
 def load(path: str) -> Dict[str, Any]:
     """The dump as plain Python data; raises ValueError on anything else."""
     with open(path, "rb") as f:
-        data = f.read()
+        return loads(f.read())
+
+
+def loads(data: bytes) -> Dict[str, Any]:
+    """:func:`load` of bytes (what ``torch._C._distributed_c10d._dump_nccl_trace()`` returns)."""
     if _is_pickle(data[:4]):
         try:
             obj = _NoGlobals(io.BytesIO(data)).load()
@@ -184,6 +188,19 @@ def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
         except (KeyError, TypeError, ValueError, IndexError) as err:
             source.errors.append(ParseError(path, i, f"bad Flight Recorder entry {i}: {type(err).__name__}: {err}"))
     # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
+    return out
+
+
+def records_of(dump: Dict[str, Any], rank: int) -> List[CollectiveRecord]:
+    """The records of a loaded dump of ``rank``'s process; entries that do not parse are left out
+    (the in-job recorder uses this on its own process's dump: nothing to report them to)."""
+    ranks_of = _pg_ranks(dump)
+    out: List[CollectiveRecord] = []
+    for e in dump.get("entries") or ():
+        try:
+            out.append(_record(e, rank, ranks_of))
+        except (KeyError, TypeError, ValueError, IndexError):
+            pass
     return out
 
 

@@ -656,14 +656,63 @@ class Recorder:
                   "pid": os.getpid(), "world_size": world, "capacity": self.capacity,
                   "progress": self._progress, "dropped": max(0, self._total_issued() - len(self._buf)),
                   "errors": self.errors}
+        records = self.records()
+        refined = _refine_from_flight_recorder(records)
+        if refined:
+            header["refined_by_flight_recorder"] = refined
         lines = [json.dumps(header)]
-        lines.extend(json.dumps(r.to_json()) for r in self.records())
+        lines.extend(json.dumps(r.to_json()) for r in records)
         write_atomic(path, "\n".join(lines) + "\n")
         self.dumped_to = path
         return path
 
     def _total_issued(self) -> int:  # one seq counter per group name
         return sum(self._seq.values())
+
+
+def flight_recorder_on() -> bool:
+    """Whether PyTorch's Flight Recorder records this process's collectives (its buffer size
+    environment variables, read when a process group is created)."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                return int(value) > 0
+            except ValueError:
+                return False
+    return False
+
+
+def _refine_from_flight_recorder(records: List[Any]) -> int:
+    """Lift records Flight Recorder saw complete (see hangdoc.analysis.sequence.refine_states):
+    with Flight Recorder on, CUDA events are sampled, and its C++ bookkeeping makes the states
+    exact at a dump. Reads this process's buffer only (no collective, no sync); never raises."""
+    if not records or not flight_recorder_on():
+        return 0
+    try:
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        if c10d is None:
+            return 0
+        from hangdoc.analysis.sequence import refine_states
+        from hangdoc.readers import flight_recorder
+
+        theirs: List[Any] = []
+        for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+            fn = getattr(c10d, name, None)
+            if fn is None:
+                continue
+            try:
+                try:
+                    data = fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+                except TypeError:
+                    data = fn()
+                theirs.extend(flight_recorder.records_of(flight_recorder.loads(data), records[0].rank))
+            except Exception:  # this backend has no buffer (the generic one in an NCCL job)
+                continue
+        return refine_states(list(records) + theirs) if theirs else 0
+    except Exception as e:
+        _report(e)
+        return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -893,10 +942,11 @@ _SWEEP_MIN = 128
 #: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work was caught this way for
 #: synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
 _CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
-#: A CUDA event after every how many synchronous CUDA calls. 1 (the default) keeps every record's
-#: state exact at a hang: the calls just before the hung one are seen completed, so "blocked in"
-#: names the right call (on 2 x H200 one event record cost 1.3 us). N > 1 records one per N calls,
-#: cheaper, but the last < N calls before a hang read "issued" though they completed (docs/gpu.md).
+#: A CUDA event after every how many synchronous CUDA calls. 1 (the default without Flight
+#: Recorder) keeps every record's state exact at a hang: the calls just before the hung one are seen
+#: completed, so "blocked in" names the right call, but in a tight loop of small NCCL calls it cost
+#: ~9-13 us per call on 2 x H200 (docs/gpu.md). N > 1 records one per N calls, cheaper; the last
+#: < N calls before a hang then read "issued" though they ran, unless Flight Recorder is on.
 def _env_int(name: str, default: int) -> int:
     try:
         return max(1, int(os.environ.get(name, "") or default))
@@ -904,7 +954,9 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-_EVENT_EVERY = _env_int("HANGDOC_CUDA_EVENT_EVERY", 1)
+# With Flight Recorder on, its C++ bookkeeping makes states exact at a dump (see
+# _refine_from_flight_recorder): sample. Without it, an event per call.
+_EVENT_EVERY = _env_int("HANGDOC_CUDA_EVENT_EVERY", 32 if flight_recorder_on() else 1)
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
 
@@ -1186,9 +1238,11 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         True
         >>> recorder.disable()
     """
-    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _c10d_file
+    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _c10d_file, _EVENT_EVERY
     if _recorder is not None:
         return _recorder
+    # read now, not at import: hangdoc.wrap turns Flight Recorder on just before
+    _EVENT_EVERY = _env_int("HANGDOC_CUDA_EVENT_EVERY", 32 if flight_recorder_on() else 1)
     try:
         import torch
         import torch.distributed as dist

@@ -30,8 +30,11 @@ Options (all off except ``prefix``; what is off costs nothing and imports nothin
     Catch a diverged collective while the job runs (:mod:`hangdoc.runtime.detect`): ``True`` or
     ``"warn"`` logs the rank that diverged, at which collective, both sides' calls; ``"dump"`` also
     writes every rank's stacks and records; ``"abort"`` raises in every rank at its next
-    collective. Turns the recorder on. Also points the NCCL Flight Recorder's dumps into the output
-    directory (variables you set yourself win).
+    collective. Turns the recorder on.
+
+With the recorder on, PyTorch's Flight Recorder is turned on too (``flight_recorder_env``: its
+dumps in the output directory; variables you set yourself win, ``TORCH_FR_BUFFER_SIZE=0`` keeps it
+off): the recorder reads exact CUDA completion states from it.
 
 The recorder, watchdog and tracer modules are imported only when asked for; a helper that cannot
 be imported or started (an ImportError, a tracer already running, an unwritable directory) is left
@@ -83,14 +86,23 @@ def detect_policy(detect: Union[None, bool, str]) -> Optional[str]:
     return policy
 
 
-def _enable_detect(out_dir: str, policy: str) -> Any:
+def flight_recorder_env(out_dir: str) -> None:
+    """Turn PyTorch's Flight Recorder on for the process groups created from now on, its dumps
+    into ``out_dir``; variables already set win (``TORCH_FR_BUFFER_SIZE=0`` keeps it off).
+
+    It records each collective in C++ (about 1-3 us per call on 2 x H200 NCCL, docs/gpu.md) and
+    tracks completion from the backend's own events: the recorder then samples its CUDA events
+    and takes exact states from it at a dump, and NCCL dumps it on a timeout."""
     env = os.environ
-    # The Flight Recorder costs nothing until a timeout; its dumps belong with hangdoc's files.
     env.setdefault("TORCH_FR_BUFFER_SIZE", "20000")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     dump_prefix = os.path.join(out_dir, "nccl_trace_rank_")
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", dump_prefix)
     env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump_prefix)
+
+
+def _enable_detect(out_dir: str, policy: str) -> Any:
+    flight_recorder_env(out_dir)
     from hangdoc.runtime import detect
 
     return detect.start(policy, out_dir=out_dir)
@@ -135,6 +147,8 @@ class Helpers:
         except OSError as e:
             warnings.warn(f"hangdoc: output directory unusable ({e}); running without files", RuntimeWarning, stacklevel=3)
             return self
+        if record or policy is not None:
+            flight_recorder_env(out_dir)  # before any process group exists (and the recorder)
         if hang_timeout is not None:
             self._try("watchdog", self._start_watchdog, hang_timeout, out_dir, dump_signal, record)
         elif record:
