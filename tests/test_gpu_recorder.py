@@ -50,6 +50,15 @@ SCRIPT = textwrap.dedent('''
     if mode == "events":  # the GPU got past every event, the stream is not idle yet
         for ev, _ in recorded:
             ev.done = True
+    elif mode == "wedged":  # a CUDA query blocks behind the job's stuck call: callers must not
+        import time
+        Stream.query = lambda self: time.sleep(60)
+        t0 = time.monotonic(); first = len(rec.pending()); t1 = time.monotonic()
+        second = len(rec.pending()); t2 = time.monotonic()
+        path = rec.dump(os.path.join(os.environ["OUT"], "c.jsonl")); t3 = time.monotonic()
+        print(json.dumps({"first_s": t1 - t0, "second_s": t2 - t1, "dump_s": t3 - t2, "pending": [first, second],
+                          "dumped": os.path.exists(path)}))
+        os._exit(0)  # the query thread is still asleep
     elif mode.startswith("stop:"):  # the GPU hangs in call K+1: only the first K calls ran
         for ev, _ in recorded[:int(mode[5:])]:
             ev.done = True
@@ -65,8 +74,8 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(mode, n=40, gpu="events", every=None):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+def run(mode, n=40, gpu="events", every=None, out="/tmp"):
+    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out))
     for name in ("HANGDOC_CUDA_EVENT_EVERY", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env.pop(name, None)
     if every:
@@ -148,3 +157,12 @@ def test_a_dump_takes_exact_states_from_this_processs_flight_recorder(monkeypatc
     assert [r.state for r in mine] == ["completed"] * 6 + ["issued"] * 2
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # Flight Recorder off: nothing is asked
     assert R._refine_from_flight_recorder(mine) == 0
+
+
+def test_a_wedged_cuda_query_never_blocks_the_caller(tmp_path):
+    # The 2 x H200 dataloader capture: the job's thread sat inside NCCL and a CUDA query from the
+    # watchdog's thread blocked behind it, so that rank never dumped. Queries now run on their own
+    # thread and the caller waits at most a second.
+    out = run("event", 40, gpu="wedged", out=tmp_path)
+    assert out["pending"] == [40, 40] and out["dumped"]
+    assert out["first_s"] < 2.0 and out["second_s"] < 0.2 and out["dump_s"] < 2.0, out

@@ -389,6 +389,9 @@ class Recorder:
         self._sweep_lock = threading.Lock()
         self._cuda_calls = 0
         self._sweep_at = _SWEEP_MIN
+        # a query thread still inside a CUDA/backend call (see _bounded): no new one meanwhile
+        self._query_busy = False
+        self._query_lock = threading.Lock()
         self._seq: Dict[Any, int] = {}
         self.errors = 0
         self.dumped_to: Optional[str] = None
@@ -401,18 +404,58 @@ class Recorder:
 
     @property
     def progress(self) -> int:
-        self._sweep()
+        self._bounded(self._sweep)
         return self._progress
 
     def pending(self) -> List[Any]:
         """Records issued but not (yet) seen completed, oldest first."""
-        self._sweep()
+        self._bounded(self._sweep)
         return [self._materialise(r) for r in list(self._buf) if r[_STATE] == "issued"]
 
     def records(self) -> List[Any]:
         """A snapshot of the buffer as :class:`~hangdoc.model.CollectiveRecord` objects."""
-        self._sweep()
+        self._bounded(self._sweep)
         return [self._materialise(r) for r in list(self._buf)]
+
+    def _bounded(self, fn: Callable[[], Any], timeout: float = 1.0) -> Any:
+        """``fn()`` (a sweep, a Flight Recorder read), but never blocking the caller for long.
+
+        Once CUDA is in use, these queries (cudaEventQuery, cudaStreamQuery, recording a tail
+        event, Work.is_completed(), Flight Recorder's dump) can block behind a CUDA driver or NCCL
+        call that the job's own thread is stuck in, and the caller is the watchdog, which must
+        dump exactly then. So they run on a short-lived daemon thread and the caller waits at most
+        ``timeout``: if it is stuck, the caller goes on with the states known so far, and no new
+        query thread starts until the stuck one returns. None when it did not finish.
+        """
+        if not self._events:  # no CUDA queue: CPU Work objects and bookkeeping only, inline
+            return fn()
+        with self._query_lock:
+            if self._query_busy:
+                return None
+            self._query_busy = True
+        done = threading.Event()
+        out: List[Any] = []
+
+        def query() -> None:
+            try:
+                out.append(fn())
+            except Exception as e:
+                _report(e)
+            finally:
+                with self._query_lock:
+                    self._query_busy = False
+                done.set()
+
+        try:
+            threading.Thread(target=query, name="hangdoc-recorder-query", daemon=True).start()
+        except Exception as e:  # no thread to be had (interpreter shutting down)
+            with self._query_lock:
+                self._query_busy = False
+            _report(e)
+            return None
+        if not done.wait(timeout):
+            return None
+        return out[0] if out else None
 
     def _complete(self, rec: tuple, state: str = "completed") -> None:
         if rec[_STATE] == "issued":
@@ -649,7 +692,7 @@ class Recorder:
         from hangdoc.atomic import write_atomic
 
         _refresh_identity()
-        self._sweep()  # completions observed now belong in the header's progress too
+        self._bounded(self._sweep)  # completions observed now belong in the header's progress too
         path = path or self.default_path()
         world = _world_size()
         header = {"hangdoc": "collectives", "version": 1, "host": _IDENT[1], "rank": _IDENT[0],
@@ -657,7 +700,7 @@ class Recorder:
                   "progress": self._progress, "dropped": max(0, self._total_issued() - len(self._buf)),
                   "errors": self.errors}
         records = self.records()
-        refined = _refine_from_flight_recorder(records)
+        refined = self._bounded(lambda: _refine_from_flight_recorder(records), timeout=2.0) or 0
         if refined:
             header["refined_by_flight_recorder"] = refined
         lines = [json.dumps(header)]
