@@ -23,8 +23,13 @@ SCRIPT = textwrap.dedent('''
         __torch_function__ = torch._C._disabled_torch_function_impl
         def get_device(self): return 0
 
+    import threading
+    created_on = []
+
     class Event:
-        def __init__(self): self.done = False
+        def __init__(self):
+            self.done = False
+            created_on.append(threading.current_thread() is threading.main_thread())
         def query(self): return self.done
 
     class Stream:  # cudaStreamQuery: idle once the test says the GPU caught up
@@ -36,8 +41,14 @@ SCRIPT = textwrap.dedent('''
     R._CUR_STREAM[0] = lambda device: (3, 0, 1)
     R._STREAMS[(3, 0, 1)] = ("stream3", Stream())
     R._Event[0] = R._new_event = Event
-    R._record_event = lambda ev, stream: recorded.append((ev, stream))
+    def record_event(ev, stream):  # re-recording an event resets it, as cudaEventRecord does
+        ev.done = False
+        recorded.append((ev, stream))
+
+    R._record_event = record_event
     R._CUDA_COMPLETION = sys.argv[1]
+    if os.environ.get("WARM") != "1":  # events made here are counted per call below
+        R.Recorder._warm_pool = lambda self, stream, n=8: None
     rec = R.enable()
     if sys.argv[1] == "work":
         R._install_wait()
@@ -67,15 +78,16 @@ SCRIPT = textwrap.dedent('''
     out = {"markers": markers, "events": len(recorded), "pending_before": pending_before,
            "pending_after": len(rec.pending()), "progress": rec.progress,
            "streams": sorted({r.stream for r in rec.records()}),
-           "stream_objects": sorted({repr(s) for _, s in recorded})}
+           "stream_objects": sorted({repr(s) for _, s in recorded}),
+           "created_off_main_thread": created_on.count(False), "created": len(created_on)}
     R.disable()
     dist.destroy_process_group()
     print(json.dumps(out))
 ''')
 
 
-def run(mode, n=40, gpu="events", every=None, out="/tmp"):
-    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out))
+def run(mode, n=40, gpu="events", every=None, out="/tmp", warm=False):
+    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out), WARM="1" if warm else "0")
     for name in ("HANGDOC_CUDA_EVENT_EVERY", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env.pop(name, None)
     if every:
@@ -115,16 +127,17 @@ def test_sampled_events_complete_the_tail_through_a_tail_event():
     # HANGDOC_CUDA_EVENT_EVERY=32, 1000 calls with no GPU progress: an event every 32nd call, the
     # sweeps (when the queue doubled) find none completed; the newest records get a tail event
     # when someone looks (pending()), so none stays issued once the GPU got there.
-    out = run("event", 1000, every=32)
+    out = run("event", 1000, every=32, warm=True)
     assert out["pending_before"] == 1000
-    assert out["events"] == 1000 // 32 + 1
+    assert out["events"] == 8 + 1 + 1000 // 32 + 1  # the warm pool, the first call, every 32nd, the tail
     assert out["pending_after"] == 0 and out["progress"] == 1000
 
 
 def test_sampled_events_blur_the_hang_boundary():
     # The trade-off of sampling, pinned down: the GPU ran 40 of 50 calls, but the last event it
-    # passed follows call 32, so calls 33-40 still read issued.
-    out = run("event", 50, gpu="stop:1", every=32)
+    # passed follows call 32 (the one before follows the stream's first call), so calls 33-40
+    # still read issued.
+    out = run("event", 50, gpu="stop:2", every=32)
     assert out["pending_after"] == 50 - 32 and out["progress"] == 32
 
 
@@ -166,3 +179,12 @@ def test_a_wedged_cuda_query_never_blocks_the_caller(tmp_path):
     out = run("event", 40, gpu="wedged", out=tmp_path)
     assert out["pending"] == [40, 40] and out["dumped"]
     assert out["first_s"] < 2.0 and out["second_s"] < 0.2 and out["dump_s"] < 2.0, out
+
+
+def test_events_are_created_on_the_jobs_thread_only():
+    # Creating a CUDA event takes the driver's context lock for writing; on 2 x H200 a query
+    # thread blocked there behind the job's thread stuck in cuLaunchKernel. The pool is warmed at a
+    # stream's first call (the job's thread), and tail events come from the pool or not at all.
+    out = run("event", 5, every=32, warm=True)
+    assert out["created"] >= 8 and out["created_off_main_thread"] == 0
+    assert out["pending_after"] == 0 and out["progress"] == 5

@@ -307,7 +307,7 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
            # an event after every call: _track_cuda's common case inlined (a pooled event)
            *(["                _q = _r._events.get(_stream)",
               "                _pool = _r._event_pool",
-              "                if _q is None or not _pool:",
+              f"                if _q is None or len(_pool) <= {_POOL_RESERVE}:",
               "                    _r._track_cuda(_rec, _first)",
               "                else:",
               "                    _ev = _pool.pop()",
@@ -533,9 +533,9 @@ class Recorder:
             return
         try:
             last = entries[-1]
-            if type(last) is not tuple:
-                return
-            ev = self._event_pool.pop() if self._event_pool else _new_event()
+            if type(last) is not tuple or not self._event_pool:
+                return  # never create an event off the job's thread (see _warm_pool)
+            ev = self._event_pool.pop()
             _record_event(ev, stream)
             # The marker covers ``last`` and what came before it, launched before the event was
             # recorded; the caller's thread may have appended more meanwhile (on the right only),
@@ -613,16 +613,29 @@ class Recorder:
         """
         key = stream[0]
         entries = self._events.get(key)
-        if entries is None:
+        first = entries is None
+        if first:
             entries = self._events[key] = collections.deque()
             self._stream_objs[key] = stream[1]
+            self._warm_pool(stream[1])
         entries.append(rec)
-        if self._cuda_calls % _EVENT_EVERY:
+        if self._cuda_calls % _EVENT_EVERY and not first:  # a stream's first call gets one: early progress
             return
-        ev = self._event_pool.pop() if self._event_pool else _new_event()
+        # the last few pooled events are kept for tail events (recorded off this thread)
+        ev = self._event_pool.pop() if len(self._event_pool) > _POOL_RESERVE else _new_event()
         _record_event(ev, stream[1])
         entries.append(ev)
         self._maybe_sweep(entries)
+
+    def _warm_pool(self, stream: Any, n: int = 8) -> None:
+        """Create (by recording once, here, in the job's own thread) a few pooled events for the
+        tail events other threads record: creating a CUDA event takes the driver's context lock
+        for writing, and on 2 x H200 a query thread blocked there behind the job's thread stuck in
+        cuLaunchKernel (a stream wedged behind a hung NCCL kernel), so that rank never dumped."""
+        for _ in range(n):
+            ev = _new_event()
+            _record_event(ev, stream)
+            self._event_pool.append(ev)
 
     def _maybe_sweep(self, entries: collections.deque) -> None:
         # The sweep scans the queue: sweeping again only once it doubled keeps that O(1) per call
@@ -979,6 +992,8 @@ _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
 #: Queue length (records and markers) that triggers a sweep from the caller's thread; after a
 #: sweep the next one waits until the queue doubled (one event query per sweep when the GPU keeps up).
 _SWEEP_MIN = 128
+#: Pooled events the job's thread leaves for tail events (never created off its thread).
+_POOL_RESERVE = 2
 #: How synchronous CUDA calls are seen completed: "event" (a pooled CUDA event per call; past a
 #: backlog every 16th, plus one for the newest records when someone looks) or "work" (the
 #: backend's own Work, caught in the Work.wait() that c10d calls for a synchronous call, falling
