@@ -123,13 +123,15 @@ def test_event_mode_is_exact_at_the_hang_boundary():
     assert out["pending_before"] == 40 and out["pending_after"] == 15 and out["progress"] == 25
 
 
-def test_sampled_events_complete_the_tail_through_a_tail_event():
-    # HANGDOC_CUDA_EVENT_EVERY=32, 1000 calls with no GPU progress: an event every 32nd call, the
-    # sweeps (when the queue doubled) find none completed; the newest records get a tail event
-    # when someone looks (pending()), so none stays issued once the GPU got there.
+def test_sampled_events_complete_the_tail_when_the_stream_is_idle():
+    # HANGDOC_CUDA_EVENT_EVERY=32, 1000 calls with no GPU progress: an event after the stream's
+    # first call and every 32nd, the sweeps (when the queue doubled) find none completed. No event
+    # is recorded off the job's thread, so the last 8 calls complete once the stream is idle.
     out = run("event", 1000, every=32, warm=True)
     assert out["pending_before"] == 1000
-    assert out["events"] == 8 + 1 + 1000 // 32 + 1  # the warm pool, the first call, every 32nd, the tail
+    assert out["events"] == 8 + 1 + 1000 // 32  # the warm pool, the first call, every 32nd
+    assert out["pending_after"] == 8 and out["progress"] == 992
+    out = run("event", 1000, gpu="idle", every=32, warm=True)
     assert out["pending_after"] == 0 and out["progress"] == 1000
 
 
@@ -184,7 +186,7 @@ def test_a_wedged_cuda_query_never_blocks_the_caller(tmp_path):
 def test_events_are_created_on_the_jobs_thread_only():
     # Creating a CUDA event takes the driver's context lock for writing; on 2 x H200 a query
     # thread blocked there behind the job's thread stuck in cuLaunchKernel. The pool is warmed at a
-    # stream's first call (the job's thread), and tail events come from the pool or not at all.
-    out = run("event", 5, every=32, warm=True)
+    # stream's first call (the job's thread), and no other thread records one.
+    out = run("event", 5, gpu="idle", every=32, warm=True)
     assert out["created"] >= 8 and out["created_off_main_thread"] == 0
     assert out["pending_after"] == 0 and out["progress"] == 5

@@ -385,7 +385,7 @@ class Recorder:
         # _track_cuda). Events are pooled for reuse.
         self._events: Dict[str, collections.deque] = {}
         self._event_pool: List[Any] = []
-        self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for tail events
+        self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for idle checks
         self._sweep_lock = threading.Lock()
         self._cuda_calls = 0
         self._sweep_at = _SWEEP_MIN
@@ -486,9 +486,12 @@ class Recorder:
                     for rec in recs:
                         self._complete(rec)
             for key, entries in list(self._events.items()):
+                # No tail event here: recording one off the job's thread blocked in
+                # cuEventRecord on 2 x H200 while the job's thread spun in cuLaunchKernel behind
+                # a hung NCCL kernel. The newest records without an event complete when the
+                # stream is idle, or from Flight Recorder at a dump (sampled events need it on).
                 if entries and self._sweep_idle(key, entries):
                     continue
-                self._mark_tail(key, entries)
                 self._sweep_stream(entries)
         except Exception as e:  # a torn-down process group must not break the watchdog
             _report(e)
@@ -520,34 +523,6 @@ class Recorder:
             elif type(x) is _Event[0] and len(pool) < 1024:
                 pool.append(x)
         self._complete_many(recs)
-
-    def _mark_tail(self, key: str, entries: collections.deque) -> None:
-        """With HANGDOC_CUDA_EVENT_EVERY=N > 1 only every N-th call records an event (and a backend
-        Work caught in the ``work`` setting has none after it), so the newest records may have
-        none: an event recorded now on their stream follows all of them (work on one stream runs
-        in order), so they are seen completed once the GPU got there, and never before."""
-        if not entries or type(entries[-1]) is not tuple:
-            return
-        stream = self._stream_objs.get(key)
-        if stream is None or not self._sweep_lock.acquire(False):  # a sweep pops meanwhile: next time
-            return
-        try:
-            last = entries[-1]
-            if type(last) is not tuple or not self._event_pool:
-                return  # never create an event off the job's thread (see _warm_pool)
-            ev = self._event_pool.pop()
-            _record_event(ev, stream)
-            # The marker covers ``last`` and what came before it, launched before the event was
-            # recorded; the caller's thread may have appended more meanwhile (on the right only),
-            # which the marker must not cover: insert it right after ``last``.
-            n = len(entries)
-            for i in range(n - 1, max(-1, n - 256), -1):
-                if entries[i] is last:
-                    entries.insert(i + 1, ev)
-                    return
-            self._event_pool.append(ev)
-        finally:
-            self._sweep_lock.release()
 
     def _sweep_stream(self, entries: collections.deque) -> None:
         # The watchdog's thread and the caller's may both sweep: one at a time, the other skips.
@@ -607,9 +582,10 @@ class Recorder:
         Per stream, a queue of records in issue order, each followed by a pooled CUDA event
         (every ``_EVENT_EVERY``-th with HANGDOC_CUDA_EVENT_EVERY=N: the generated wrappers append
         the others inline). Work on one stream runs in order, so a completed event completes every
-        record queued before it; a stream found idle completes its whole queue without asking an
-        event, and records without an event get a tail event whenever someone looks (``_sweep``:
-        the watchdog's poll, ``pending()``, ``dump()``). No sync is ever added.
+        record queued before it; a stream found idle (``_sweep``: the watchdog's poll,
+        ``pending()``, ``dump()``) completes its whole queue without asking an event; with sampled
+        events the calls after the last event before a hang take their state from Flight Recorder
+        at a dump. No sync is ever added, and no event is recorded off the job's thread.
         """
         key = stream[0]
         entries = self._events.get(key)
@@ -621,17 +597,17 @@ class Recorder:
         entries.append(rec)
         if self._cuda_calls % _EVENT_EVERY and not first:  # a stream's first call gets one: early progress
             return
-        # the last few pooled events are kept for tail events (recorded off this thread)
         ev = self._event_pool.pop() if len(self._event_pool) > _POOL_RESERVE else _new_event()
         _record_event(ev, stream[1])
         entries.append(ev)
         self._maybe_sweep(entries)
 
     def _warm_pool(self, stream: Any, n: int = 8) -> None:
-        """Create (by recording once, here, in the job's own thread) a few pooled events for the
-        tail events other threads record: creating a CUDA event takes the driver's context lock
-        for writing, and on 2 x H200 a query thread blocked there behind the job's thread stuck in
-        cuLaunchKernel (a stream wedged behind a hung NCCL kernel), so that rank never dumped."""
+        """Create a few pooled events up front, in the job's own thread (CUDA creates an event at
+        its first record). Only the job's thread creates or records events: both take the
+        driver's context lock for writing, and on 2 x H200 a query thread blocked there behind
+        the job's thread spinning in cuLaunchKernel (its stream wedged behind a hung NCCL
+        kernel), so that rank never dumped."""
         for _ in range(n):
             ev = _new_event()
             _record_event(ev, stream)
@@ -992,7 +968,7 @@ _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
 #: Queue length (records and markers) that triggers a sweep from the caller's thread; after a
 #: sweep the next one waits until the queue doubled (one event query per sweep when the GPU keeps up).
 _SWEEP_MIN = 128
-#: Pooled events the job's thread leaves for tail events (never created off its thread).
+#: Pooled events left in the pool by the hot path (it creates new ones below that).
 _POOL_RESERVE = 2
 #: How synchronous CUDA calls are seen completed: "event" (a pooled CUDA event per call; past a
 #: backlog every 16th, plus one for the newest records when someone looks) or "work" (the
