@@ -5,6 +5,7 @@ process), the Flight Recorder dumps (or hangdoc's records) alone, and everything
 stacks alone get wrong or cannot tell is asserted too, so a change that hides it shows up here.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -276,3 +277,28 @@ def test_refinement_never_contradicts_exact_records():
     for scenario in ("nccl_skip_broadcast", "nccl_pipeline_cycle", "nccl_dataloader_deadlock"):
         job = read_paths([run2(scenario, "records"), run2(scenario, "fr")])
         assert refine_states(job.records) == 0, scenario
+
+
+# -- run 4: sampled events, states lifted from Flight Recorder inside the job at the dump ----------
+RUN4 = os.path.join(RUN1, "hangdoc-run4-fr")
+
+
+@pytest.mark.parametrize("scenario, kind, stuck", [
+    ("nccl_pipeline_cycle", "p2p-cycle", ["rank 0 is blocked in recv([4096] float32, peer=1) #6 ",
+                                          "rank 1 is blocked in recv([4096] float32, peer=0) #6 "]),
+    ("nccl_skip_broadcast", "collective-mismatch", ["rank 0 is blocked in all_reduce([1024] float32) #8 ",
+                                                    "rank 1 is blocked in all_reduce([1024] float32) #7 "]),
+    ("nccl_stream_misplacement", "stream-misplacement", ["rank 0 is blocked in all_reduce([65536] float32) #4 ",
+                                                         "rank 1 is blocked in all_reduce([65536] float32) #4 "]),
+])
+def test_run4_records_refined_in_the_job_are_exact(scenario, kind, stuck):
+    d = os.path.join(RUN4, scenario)
+    refined = []
+    for name in sorted(os.listdir(d)):
+        if name.startswith("collectives-"):
+            with open(os.path.join(d, name)) as f:
+                refined.append(json.loads(f.readline()).get("refined_by_flight_recorder", 0))
+    assert len(refined) == 2 and all(n > 0 for n in refined), refined
+    f = analyse(read_paths([d])).findings[0]
+    evidence = sorted(e for e in f.evidence if " is blocked in " in e)
+    assert f.kind == kind and all(e.startswith(s) for e, s in zip(evidence, stuck)) and len(evidence) == 2, evidence
