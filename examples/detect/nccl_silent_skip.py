@@ -1,19 +1,31 @@
-"""NCCL silently "completes" a skipped broadcast; the job hangs only later. The detector says so first.
+"""A skipped broadcast that NCCL may "complete" silently; the detector says so first.
 
-Every step all_reduces 256 floats, then broadcasts 256 floats from rank 0. At step SKIP rank 1
-skips the broadcast: NCCL pairs rank 0's broadcast with rank 1's next all_reduce (same element
-count), both complete with wrong data, and every later pair is shifted by one call, still of equal
-sizes, so the job trains on. At step METRICS every rank all_reduces 1024 floats: now the shifted
-calls differ in size and the job hangs (until the NCCL timeout of 40 s).
+Every step does two collectives of ``--size`` floats. With ``--pattern A`` (the default) it
+all_reduces, then broadcasts from rank 0. At step SKIP, rank 1 skips the broadcast. NCCL may pair
+rank 0's broadcast with rank 1's next all_reduce of the same count: both complete with wrong data,
+every later pair stays shifted by one call, and the job trains on. At step METRICS every rank
+all_reduces 4 × size floats, where the shifted calls differ in size.
 
-    torchrun --nproc-per-node 2 -m hangdoc --detect --out /tmp/detect-nccl examples/detect/nccl_silent_skip.py
+On 2 × H200 with NCCL 2.28.9, which of these happens depends on the size:
+- with 1,048,576 floats, even the METRICS call completed, and the job ran to its end on wrong
+  data;
+- with 256 floats, the first mismatched pair hung.
+
+``examples/detect/nccl_skip_probe.py`` finds the silent pairings on a given machine (see
+tests/fixtures/detect/).
+
+    torchrun --nproc-per-node 2 -m hangdoc --detect --out /tmp/detect-nccl examples/detect/nccl_silent_skip.py --size 1048576
 
 Each rank prints, and writes to ``DIR/timeline-r{rank}.json``, when the skip happened, when the
-detector fired and when the hang started (the last host sync before it). With
-``--detect-policy abort`` the ranks raise at their next collective after the detector fires, so
-the job fails with a message instead of hanging. ``--backend gloo`` runs it on CPU: gloo does not
-match mismatched calls, so there the job hangs at the skip itself, and the detector names it all
-the same.
+detector fired and, if it did, when the hang started (the last host sync before it).
+
+With ``--detect-policy abort``, the ranks raise at their next collective after the detector
+fires, so the job fails with a message instead of training on.
+
+``--backend gloo`` runs it on CPU. gloo does not match mismatched calls of pattern A, so there
+the job hangs at the skip itself, and the detector still names the rank. ``--pattern B`` (two
+broadcasts of equal size) completes silently on both backends, and the detector cannot see that
+one (docs/detect.md, Limits).
 """
 
 from __future__ import annotations
