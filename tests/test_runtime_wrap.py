@@ -196,3 +196,24 @@ def test_a_helper_that_cannot_start_does_not_stop_the_job(tmp_path):
             assert hangdoc.wrap(lambda: "ran", prefix=False, trace="mypkg", out=str(tmp_path / "o"))() == "ran"
     finally:
         other.stop()
+
+
+def test_flight_recorder_is_turned_on_only_where_a_gpu_is_visible(monkeypatch, tmp_path):
+    from hangdoc.runtime import wrap as w
+
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(w, "gpus_visible", lambda: False)
+    w.flight_recorder_env(str(tmp_path))
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ  # gloo: no completion tracking, ~1.2 us a call
+    assert os.environ["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path))
+    monkeypatch.setattr(w, "gpus_visible", lambda: True)
+    w.flight_recorder_env(str(tmp_path))
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "20000"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")  # the user's setting wins
+    w.flight_recorder_env(str(tmp_path))
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "0"
+    monkeypatch.undo()  # the real check: CUDA_VISIBLE_DEVICES="" hides every GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert w.gpus_visible() is False
