@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -167,9 +166,9 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank == 0 and args.port == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            args.port = s.getsockname()[1]
+        from hangdoc.proctree import free_port
+
+        args.port = free_port()
         argv = sys.argv[1:]
         other = subprocess.Popen([sys.executable, __file__, *argv, "--rank", "1", "--port", str(args.port)],
                                  start_new_session=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -101,14 +100,11 @@ def worker(out: str, rounds: int) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def driver(repeats: int, rounds: int) -> None:
     import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from hangdoc.proctree import free_port
 
     runs = {j: [] for j in JOBS}
     for rep in range(repeats):

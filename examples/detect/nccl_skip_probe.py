@@ -55,6 +55,9 @@ import tempfile
 import time
 from typing import Dict, List, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from hangdoc.atomic import write_atomic  # noqa: E402
+
 PATTERNS = {
     "A": ("all_reduce:x", "broadcast:p"),
     "B": ("broadcast:a", "broadcast:b"),
@@ -319,20 +322,8 @@ def tail(path: str, lines: int = 12) -> List[str]:
 
 
 def write_json(path: str, doc: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".probe-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
 
 
 def row(r: dict) -> str:
