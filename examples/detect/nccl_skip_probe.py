@@ -465,8 +465,8 @@ def pick(path: str) -> str:
     for outcome in ("silent", "hang-later"):
         for r in trials:
             if r["outcome"] == outcome and r["pattern"] in ("A", "C"):
-                env = " ".join(f"{k}={r[k.split('_')[1].lower()]}" for k in ("NCCL_PROTO", "NCCL_ALGO")
-                               if r[k.split('_')[1].lower()] != "default")
+                env = " ".join(f"{name}={r[key]}" for name, key in (("NCCL_PROTO", "proto"), ("NCCL_ALGO", "algo"))
+                               if r[key] != "default")
                 return f"{env} -- --pattern {r['pattern']} --size {r['n']}".strip()
     return ""
 

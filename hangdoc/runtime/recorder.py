@@ -587,13 +587,10 @@ class Recorder:
         events the calls after the last event before a hang take their state from Flight Recorder
         at a dump. No sync is ever added, and no event is recorded off the job's thread.
         """
-        key = stream[0]
-        entries = self._events.get(key)
+        entries = self._events.get(stream[0])
         first = entries is None
         if first:
-            entries = self._events[key] = collections.deque()
-            self._stream_objs[key] = stream[1]
-            self._warm_pool(stream[1])
+            entries = self._queue(stream)
         entries.append(rec)
         if self._cuda_calls % _EVENT_EVERY and not first:  # a stream's first call gets one: early progress
             return
@@ -601,6 +598,17 @@ class Recorder:
         _record_event(ev, stream[1])
         entries.append(ev)
         self._maybe_sweep(entries)
+
+    def _queue(self, stream: Tuple[str, Any], warm: bool = True) -> collections.deque:
+        """The queue of ``(name, stream object)``, made at the stream's first call (with the event
+        pool warmed, unless the caller's markers are the backend's Work objects)."""
+        entries = self._events.get(stream[0])
+        if entries is None:
+            entries = self._events[stream[0]] = collections.deque()
+            self._stream_objs[stream[0]] = stream[1]
+            if warm:
+                self._warm_pool(stream[1])
+        return entries
 
     def _warm_pool(self, stream: Any, n: int = 8) -> None:
         """Create a few pooled events up front, in the job's own thread (CUDA creates an event at
@@ -629,11 +637,7 @@ class Recorder:
         caught = cap[2]
         if caught is not None and caught[0] is rec:
             cap[2] = None
-            key = stream[0]
-            entries = self._events.get(key)
-            if entries is None:
-                entries = self._events[key] = collections.deque()
-                self._stream_objs[key] = stream[1]
+            entries = self._queue(stream, warm=False)
             entries.append(rec)
             entries.append(caught[1])  # held Work objects keep their tensors alive: sweep often
             self._maybe_sweep(entries)
@@ -1056,7 +1060,8 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
 
 
 def _run_tracked(fn: Callable, rec: tuple, first: Any, args: tuple, kwargs: dict) -> Any:
-    """Run a recorded call whose completion is observed later (async Work, CUDA events)."""
+    """Run a recorded call and complete its record: at once for a host-synchronous call, later
+    for async Work and CUDA calls (see _finish)."""
     if rec[_STREAM] is not None and not rec[_ASYNC] and _wait_original is not None:
         _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
         _capture[1] = _get_ident()
@@ -1102,22 +1107,7 @@ def _generic_wrapper(fn: Callable, spec: _Spec) -> Callable:
             rec = None
         if rec is None:  # outside the try: the user's call runs exactly once, its errors untouched
             return fn(*args, **kwargs)
-        if rec[_ASYNC] or rec[_STREAM] is not None:
-            return _run_tracked(fn, rec, first, args, kwargs)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            r = _recorder
-            if r is not None:
-                r._complete(rec, "failed")
-            raise
-        r = _recorder
-        if r is not None:
-            try:
-                r._complete(rec)
-            except Exception as e:
-                _report(e)
-        return result
+        return _run_tracked(fn, rec, first, args, kwargs)
 
     return wrapper
 

@@ -116,7 +116,6 @@ def gpus_visible() -> bool:
 
 
 def _enable_detect(out_dir: str, policy: str) -> Any:
-    flight_recorder_env(out_dir)
     from hangdoc.runtime import detect
 
     return detect.start(policy, out_dir=out_dir)
