@@ -794,7 +794,7 @@ class Detector:
         reason = f"divergence in {v.group} at collective #{v.index}"
         paths = dog.dump_now(reason)
         if paths:
-            exchange.share(dog, paths, reason)
+            exchange.share(dog, paths, reason, stall=False)
 
     def _say(self, message: str) -> None:
         from hangdoc.runtime import exchange

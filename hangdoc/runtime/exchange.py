@@ -204,13 +204,13 @@ def entry_files(entry: Dict[str, Any]) -> Dict[str, str]:
 
 
 # -- the protocol ------------------------------------------------------------------------------
-def share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
+def share(dog: Any, paths: Sequence[str], reason: str, stall: bool = True) -> Optional[str]:
     """Post this rank's dump; if this rank reports this stall, write and print the report.
 
     Returns the report path when this rank wrote it. Never raises.
     """
     try:
-        return _share(dog, paths, reason)
+        return _share(dog, paths, reason, stall)
     except Exception as e:
         say(f"hangdoc watchdog: report failed: {type(e).__name__}: {e}")
         return None
@@ -229,7 +229,7 @@ def withdraw(dog: Any) -> None:
         pass
 
 
-def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
+def _share(dog: Any, paths: Sequence[str], reason: str, stall: bool = True) -> Optional[str]:
     from hangdoc.runtime.identity import identity
 
     started = time.monotonic()
@@ -271,7 +271,7 @@ def _share(dog: Any, paths: Sequence[str], reason: str) -> Optional[str]:
     # Ranks whose store operations failed still wrote their files (on a shared filesystem they
     # are here), and a rank's records file may have landed after its stacks file was seen.
     _collect_files(dog, entries)
-    return _report(dog, ident, entries, world, reason)
+    return _report(dog, ident, entries, world, reason, stall)
 
 
 def _take_over(store: Any, dog: Any, rank: int, deadline: float) -> bool:
@@ -358,7 +358,8 @@ def _preload_offline() -> None:
             pass
 
 
-def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int, reason: str = "") -> Optional[str]:
+def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int, reason: str = "",
+            stall: bool = True) -> Optional[str]:
     from hangdoc.atomic import write_atomic
 
     paths: List[str] = []
@@ -386,20 +387,21 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
         write_atomic(os.path.join(dog.out_dir, "report.json"), render(report, "json"))
     except Exception as e:  # the text report and the verdict matter more than the JSON
         say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
-    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path, reason), ident)
+    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path, reason, stall), ident)
     return text_path
 
 
-def verdict(report: Any, ranks: List[int], world: int, since: float, path: str, reason: str = "") -> str:
+def verdict(report: Any, ranks: List[int], world: int, since: float, path: str, reason: str = "",
+            stall: bool = True) -> str:
     """The lines printed into the job's log: headline, culprits, advice, where the report is.
 
-    The headline says why the dumps were taken: a stall (the watchdog's "no progress" reasons)
-    or another cause such as the detector's divergence, while the job still progresses.
+    The headline says why the dumps were taken: a stall (``HANG``), or, with ``stall=False``,
+    ``reason`` (the detector's divergence, taken while the job still progresses).
     """
     from hangdoc.ranges import compress_ranks
 
     got = f"dumps from ranks {compress_ranks(ranks)} of {world}"
-    if not reason or "no progress" in reason:
+    if stall:
         lines = [f"hangdoc: HANG: no progress for {since:.1f}s; {got}"]
     else:
         lines = [f"hangdoc: DUMP: {reason}; {got}"]
