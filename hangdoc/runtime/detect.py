@@ -163,8 +163,8 @@ class Digests:
         rmask, cmask, prime, mask = RING - 1, CHECKPOINT - 1, _PRIME, _MASK
 
         def hook(key: str, op: str, shapes: tuple, dtypes: tuple, root: Any, rec: tuple) -> None:
-            if abort:
-                raise abort[0]
+            if abort:  # a new exception each time: re-raising one would grow its traceback
+                raise type(abort[0])(*abort[0].args)
             g = groups.get(key)
             if g is None:
                 g = new_group(key, rec)

@@ -127,6 +127,12 @@ class _Stream:
         self.saved = os.dup(fd)
         os.set_inheritable(self.saved, False)
         self.read_end, write_end = os.pipe()
+        try:  # room for C++ threads' output (NCCL's timeout lines) while the reader waits for the GIL
+            import fcntl
+
+            fcntl.fcntl(write_end, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        except Exception:
+            pass
         st = os.fstat(write_end)
         self.pipe_id = f"{st.st_dev}:{st.st_ino}"
         self.prefixer = Prefixer(prefix)

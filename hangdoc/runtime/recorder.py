@@ -389,6 +389,7 @@ class Recorder:
         self._sweep_lock = threading.Lock()
         self._cuda_calls = 0
         self._sweep_at = _SWEEP_MIN
+        self._works_sweep_at = 256  # the same for async Work objects (see _finish)
         # a query thread still inside a CUDA/backend call (see _bounded): no new one meanwhile
         self._query_busy = False
         self._query_lock = threading.Lock()
@@ -478,12 +479,14 @@ class Recorder:
     def _sweep(self) -> None:
         """Observe completion of async work and CUDA events: non-blocking queries only."""
         try:
-            for key, (work, recs) in list(self._works.items()):
-                if work.is_completed():
-                    self._works.pop(key, None)
+            for key, entry in list(self._works.items()):
+                # Complete only an entry this thread removed: the user's wait() (_work_wait)
+                # may complete the same one meanwhile, and a second completion of a record
+                # already replaced scans the whole buffer for it in vain.
+                if entry[0].is_completed() and self._works.pop(key, None) is entry:
                     # A failed Work raises in the user's wait(); is_success()/exception() are
                     # deprecated and warn, so success is not asked here.
-                    for rec in recs:
+                    for rec in entry[1]:
                         self._complete(rec)
             for key, entries in list(self._events.items()):
                 # No tail event here: recording one off the job's thread blocked in
@@ -1045,8 +1048,11 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
             if _wait_original is None:
                 _install_wait()
             r._works[id(result)] = (result, [rec])
-            if len(r._works) > 256:
+            # Sweeping again only once the pending Works doubled: O(1) per call even when
+            # hundreds stay incomplete (the CPU far ahead of the GPU, isend never waited on).
+            if len(r._works) > r._works_sweep_at:
                 r._sweep()
+                r._works_sweep_at = max(256, 2 * len(r._works))
         else:
             r._complete(rec)  # async_op=True on a rank outside the group returns None
     elif rec[_STREAM] is not None:
@@ -1162,11 +1168,11 @@ def _wrap_batch(fn: Callable) -> Callable:
                     r._works[id(w)] = (w, [rec])
             elif works_l:  # one coalesced Work for the whole batch (NCCL)
                 r._works[id(works_l[-1])] = (works_l[-1], recs)
-            if works_l and _wait_original is None:
-                _install_wait()
-            else:
+            if not works_l:
                 for rec in recs:
                     r._complete(rec)
+            elif _wait_original is None:
+                _install_wait()
         except Exception as e:
             _report(e)
         return works
@@ -1202,9 +1208,9 @@ def _work_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 if entry[1] and entry[1][0][_STREAM] is not None:
                     return result  # CUDA: wait() only orders streams; completion comes from the sweep
-                r._works.pop(id(self), None)
-                for rec in entry[1]:
-                    r._complete(rec)
+                if r._works.pop(id(self), None) is entry:  # not completed by a sweep meanwhile
+                    for rec in entry[1]:
+                        r._complete(rec)
             except Exception as e:
                 _report(e)
     return result
