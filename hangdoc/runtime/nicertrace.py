@@ -120,8 +120,11 @@ class NicerTrace(trace.Trace):
         extra = [os.path.realpath(d).rstrip(os.sep) + os.sep for d in installed_dirs]
         self._py_dirs = sorted(_python_dirs() + extra, key=len, reverse=True)
         self._include = None if packages_to_include in (None, "uninstalled") else frozenset(packages_to_include)
-        # code object -> call line bytes (traced) or None (excluded)
-        self._codes: Dict[Any, Optional[bytes]] = {}
+        # id(code object) -> call line bytes (traced) or None (excluded). Keyed by id: hashing a
+        # code object hashes its bytecode and constants on every call (166 ns vs 47 ns on 3.11);
+        # _seen keeps each code alive, so its id cannot be reused by another one.
+        self._codes: Dict[int, Optional[bytes]] = {}
+        self._seen: List[Any] = []
         # (filename, lineno) -> "basename:lineno: source" bytes
         self._lines: Dict[Tuple[str, int], bytes] = {}
         self._fd: Optional[int] = None
@@ -174,7 +177,8 @@ class NicerTrace(trace.Trace):
             line: Optional[bytes] = f"        {modulename}:{code.co_firstlineno} {code.co_name}\n".encode("utf-8", "replace")
         else:
             line = None
-        self._codes[code] = line
+        self._codes[id(code)] = line
+        self._seen.append(code)
         return line
 
     def _line_text(self, filename: str, lineno: int) -> bytes:
@@ -234,7 +238,7 @@ class NicerTrace(trace.Trace):
 
         def global_(frame: Any, why: str, arg: Any) -> Optional[Callable]:
             try:
-                line = codes[frame.f_code]
+                line = codes[id(frame.f_code)]
             except KeyError:
                 try:
                     line = decide(frame.f_code)
@@ -253,7 +257,7 @@ class NicerTrace(trace.Trace):
     def _py_start(self, code: Any, offset: int) -> Any:
         mon = sys.monitoring
         try:
-            line = self._codes[code]
+            line = self._codes[id(code)]
         except KeyError:
             try:
                 line = self._decide(code)
@@ -317,6 +321,7 @@ class NicerTrace(trace.Trace):
         self._t0 = time.monotonic()
         self.start_time = time.time()  # kept for trace.Trace compatibility
         self._codes.clear()
+        self._seen.clear()
         _active = self
         if not _fork_hook_installed and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
