@@ -133,9 +133,12 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
         gc.disable()
         return gc.enable
 
-    def on(**patches):
+    def on(gap_ms=None, **patches):
         def setup():
             saved = {k: getattr(recorder, k) for k in patches}
+            saved_gap = os.environ.get("HANGDOC_CUDA_EVENT_GAP_MS")
+            if gap_ms is not None:  # enable() reads it
+                os.environ["HANGDOC_CUDA_EVENT_GAP_MS"] = str(gap_ms)
             for k, v in patches.items():
                 setattr(recorder, k, v)
             recorder.enable(capacity=100_000)
@@ -146,6 +149,10 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
                 recorder.disable()
                 for k, v in saved.items():
                     setattr(recorder, k, v)
+                if saved_gap is None:
+                    os.environ.pop("HANGDOC_CUDA_EVENT_GAP_MS", None)
+                else:
+                    os.environ["HANGDOC_CUDA_EVENT_GAP_MS"] = saved_gap
             return undo
         return setup
 
@@ -155,8 +162,10 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
 
     settings = {
         "off": plain,
-        "on (default: an event per call)": on(),
-        "on, no events (tail only)": on(_EVENT_EVERY=10 ** 9),
+        "on (default: events >= 1 ms apart)": on(),
+        "on, an event after every call": on(gap_ms=0),
+        "on, events >= 0.25 ms apart": on(gap_ms=0.25),
+        "on, no events (first call only)": on(gap_ms=10 ** 12),
         "on, CPU path (no CUDA queue)": on(_cuda_built=lambda: False),
         "wrapper layer only (no record)": on(_group_info=lambda group: None),
         "off, gc disabled": gc_off,

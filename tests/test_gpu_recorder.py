@@ -38,12 +38,18 @@ SCRIPT = textwrap.dedent('''
         def __repr__(self): return "stream-object"
 
     recorded = []
+    launched = [0]  # calls that reached the backend: an event records how many ran before it
+    _allreduce = dist.ProcessGroup.allreduce
+    def counting_allreduce(self, *a, **k):
+        launched[0] += 1
+        return _allreduce(self, *a, **k)
+    dist.ProcessGroup.allreduce = counting_allreduce
     R._CUR_STREAM[0] = lambda device: (3, 0, 1)
     R._STREAMS[(3, 0, 1)] = ("stream3", Stream())
     R._Event[0] = R._new_event = Event
     def record_event(ev, stream):  # re-recording an event resets it, as cudaEventRecord does
         ev.done = False
-        recorded.append((ev, stream))
+        recorded.append((ev, stream, launched[0]))
 
     R._record_event = record_event
     R._CUDA_COMPLETION = sys.argv[1]
@@ -53,13 +59,20 @@ SCRIPT = textwrap.dedent('''
     if sys.argv[1] == "work":
         R._install_wait()
     t = torch.ones(4).as_subclass(OnCuda)
-    for _ in range(N):
-        dist.all_reduce(t)
+    import time
+    # BURSTS="5,5,5": that many calls back to back, PAUSE seconds between bursts; else N calls
+    bursts = [int(b) for b in os.environ.get("BURSTS", "").split(",") if b] or [N]
+    for i, b in enumerate(bursts):
+        if i:
+            time.sleep(float(os.environ.get("PAUSE", "0")))
+        for _ in range(b):
+            dist.all_reduce(t)
+    N = sum(bursts)
     markers = sorted({type(m).__name__ for q in rec._events.values() for m in q if type(m) is not tuple})
     pending_before = len(rec.pending())
     mode = sys.argv[3] if len(sys.argv) > 3 else "events"
     if mode == "events":  # the GPU got past every event, the stream is not idle yet
-        for ev, _ in recorded:
+        for ev, _, _ in recorded:
             ev.done = True
     elif mode == "wedged":  # a CUDA query blocks behind the job's stuck call: callers must not
         import time
@@ -71,14 +84,15 @@ SCRIPT = textwrap.dedent('''
                           "dumped": os.path.exists(path)}))
         os._exit(0)  # the query thread is still asleep
     elif mode.startswith("stop:"):  # the GPU hangs in call K+1: only the first K calls ran
-        for ev, _ in recorded[:int(mode[5:])]:
-            ev.done = True
+        for ev, _, ran in recorded:
+            ev.done = ran <= int(mode[5:])
     else:  # the stream drained: no event needs asking
         Stream.idle = True
     out = {"markers": markers, "events": len(recorded), "pending_before": pending_before,
            "pending_after": len(rec.pending()), "progress": rec.progress,
            "streams": sorted({r.stream for r in rec.records()}),
-           "stream_objects": sorted({repr(s) for _, s in recorded}),
+           "stream_objects": sorted({repr(s) for _, s, _ in recorded}),
+           "event_after_calls": [ran for _, _, ran in recorded],
            "created_off_main_thread": created_on.count(False), "created": len(created_on)}
     R.disable()
     dist.destroy_process_group()
@@ -86,12 +100,13 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(mode, n=40, gpu="events", every=None, out="/tmp", warm=False):
-    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out), WARM="1" if warm else "0")
-    for name in ("HANGDOC_CUDA_EVENT_EVERY", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+def run(mode, n=40, gpu="events", gap_ms=0, out="/tmp", warm=False, bursts="", pause=0.0):
+    """The script above in its own process. ``gap_ms=0`` (an event after every call) unless a test
+    is about the default spacing of events."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out), WARM="1" if warm else "0", BURSTS=bursts, PAUSE=str(pause))
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env.pop(name, None)
-    if every:
-        env["HANGDOC_CUDA_EVENT_EVERY"] = str(every)
+    env["HANGDOC_CUDA_EVENT_GAP_MS"] = str(gap_ms)
     r = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(n), gpu], capture_output=True, text=True, timeout=60, env=env,
                        cwd=ROOT, start_new_session=True)
     assert r.returncode == 0, r.stderr
@@ -123,24 +138,34 @@ def test_event_mode_is_exact_at_the_hang_boundary():
     assert out["pending_before"] == 40 and out["pending_after"] == 15 and out["progress"] == 25
 
 
-def test_sampled_events_complete_the_tail_when_the_stream_is_idle():
-    # HANGDOC_CUDA_EVENT_EVERY=32, 1000 calls with no GPU progress: an event after the stream's
-    # first call and every 32nd, the sweeps (when the queue doubled) find none completed. No event
-    # is recorded off the job's thread, so the last 8 calls complete once the stream is idle.
-    out = run("event", 1000, every=32, warm=True)
+def test_by_default_a_tight_loop_gets_one_event_per_gap_and_an_idle_stream_completes_the_rest():
+    # 1000 calls back to back (well inside the 1 ms default gap, a few at most past it) and no GPU
+    # progress: an event after the stream's first call and hardly any more; the sweeps find none
+    # completed. No event is recorded off the job's thread; once the stream is idle all complete.
+    out = run("event", 1000, gap_ms=1000, warm=True)
     assert out["pending_before"] == 1000
-    assert out["events"] == 8 + 1 + 1000 // 32  # the warm pool, the first call, every 32nd
-    assert out["pending_after"] == 8 and out["progress"] == 992
-    out = run("event", 1000, gpu="idle", every=32, warm=True)
+    assert out["events"] == 8 + 1  # the warm pool, the stream's first call
+    assert out["pending_after"] == 999 and out["progress"] == 1
+    out = run("event", 1000, gpu="idle", gap_ms=1000, warm=True)
     assert out["pending_after"] == 0 and out["progress"] == 1000
 
 
-def test_sampled_events_blur_the_hang_boundary():
-    # The trade-off of sampling, pinned down: the GPU ran 40 of 50 calls, but the last event it
-    # passed follows call 32 (the one before follows the stream's first call), so calls 33-40
-    # still read issued.
-    out = run("event", 50, gpu="stop:2", every=32)
-    assert out["pending_after"] == 50 - 32 and out["progress"] == 32
+def test_a_pause_marks_the_end_of_the_burst_before_it():
+    # Three bursts of 5 calls, 0.3 s apart, gap 200 ms: an event after call 1 (the stream's first)
+    # and one before the first call of each later burst, so each burst's end is marked.
+    out = run("event", gpu="stop:10", gap_ms=200, bursts="5,5,5", pause=0.3)
+    assert out["event_after_calls"] == [1, 5, 10]
+    # The GPU ran bursts 1 and 2 and hangs in the first call of burst 3: exact, as with an
+    # event after every call.
+    assert out["pending_after"] == 5 and out["progress"] == 10
+
+
+def test_inside_a_burst_the_states_blur_to_the_last_event():
+    # The trade-off of spacing events, pinned down: the GPU ran 7 calls and hangs in the 8th (the
+    # third of burst 2). The last event it passed marks the end of burst 1, so calls 6-7 still
+    # read issued: at most one gap's worth of calls (Flight Recorder, where on, lifts them).
+    out = run("event", gpu="stop:7", gap_ms=200, bursts="5,5,5", pause=0.3)
+    assert out["pending_after"] == 10 and out["progress"] == 5
 
 
 def test_an_idle_stream_completes_its_records_without_asking_events():
@@ -187,6 +212,6 @@ def test_events_are_created_on_the_jobs_thread_only():
     # Creating a CUDA event takes the driver's context lock for writing; on 2 x H200 a query
     # thread blocked there behind the job's thread stuck in cuLaunchKernel. The pool is warmed at a
     # stream's first call (the job's thread), and no other thread records one.
-    out = run("event", 5, gpu="idle", every=32, warm=True)
+    out = run("event", 5, gpu="idle", gap_ms=1000, warm=True)
     assert out["created"] >= 8 and out["created_off_main_thread"] == 0
     assert out["pending_after"] == 0 and out["progress"] == 5

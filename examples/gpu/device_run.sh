@@ -55,9 +55,9 @@ if has fidelity; then
   echo "fidelity rc ${PIPESTATUS[0]}"
 fi
 if has recorder; then
-  for every in ${EVENT_EVERY:-1}; do
-    echo "== recorder alone, HANGDOC_CUDA_EVENT_EVERY=$every $(date +%T)"
-    HANGDOC_CUDA_EVENT_EVERY=$every timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9 2>&1 | tee "$OUT/recorder-every$every.log"
+  for gap in ${EVENT_GAP_MS:-1}; do
+    echo "== recorder alone, HANGDOC_CUDA_EVENT_GAP_MS=$gap $(date +%T)"
+    HANGDOC_CUDA_EVENT_GAP_MS=$gap timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9 2>&1 | tee "$OUT/recorder-gap$gap.log"
     echo "bench_recorder rc ${PIPESTATUS[0]}"
   done
 fi

@@ -292,6 +292,15 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         f"            return _fn({c})",
         f"        if {slow}:",
         f"            return _run_tracked(_fn, _rec, _first, {args_t}, {kwargs_d})",
+        # After a pause on this stream, an event before this call's launch marks the end of the
+        # previous burst: its last calls are then seen completed exactly (see _track_cuda).
+        *(["        if _stream is not None:",
+           "            try:",
+           "                _tm = _r._times.get(_stream)",
+           f"                if _tm is not None and _tm[2] and _t0 - _tm[0] >= {_EVENT_GAP!r}:",
+           "                    _r._close_burst(_first, _t0)",
+           "            except Exception as _e:",
+           "                _report(_e)"] if not spec.always_async else []),
         "        try:",
         f"            _result = _fn({c})",
         "        except BaseException:",
@@ -299,29 +308,18 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         "            if _r is not None:",
         "                _r._complete(_rec, 'failed')",
         "            raise",
-        # A synchronous call on CUDA tensors is queued on its stream, not done: _track_cuda.
-        # With HANGDOC_CUDA_EVENT_EVERY=N > 1 the common case is inlined (one append); every N-th
-        # one go through _track_cuda.
+        # A synchronous call on CUDA tensors is queued on its stream, not done: _track_cuda. The
+        # common case is inlined: one append, no CUDA call (an event is due at most once per
+        # HANGDOC_CUDA_EVENT_GAP_MS on a stream, see _track_cuda).
         *(["        if _stream is not None:",
            "            try:",
-           # an event after every call: _track_cuda's common case inlined (a pooled event)
-           *(["                _q = _r._events.get(_stream)",
-              "                _pool = _r._event_pool",
-              f"                if _q is None or len(_pool) <= {_POOL_RESERVE}:",
-              "                    _r._track_cuda(_rec, _first)",
-              "                else:",
-              "                    _ev = _pool.pop()",
-              "                    _record_event(_ev, _first[1])",
-              "                    _q.append(_rec)",
-              "                    _q.append(_ev)",
-              "                    if len(_q) >= _r._sweep_at:",
-              "                        _r._maybe_sweep(_q)"] if _EVENT_EVERY == 1 else
-             ["                _r._cuda_calls = _n = _r._cuda_calls + 1",
-              "                _q = _r._events.get(_stream)",
-              f"                if _q is None or not _n % {_EVENT_EVERY}:",
-              "                    _r._track_cuda(_rec, _first)",
-              "                else:",
-              "                    _q.append(_rec)"]),
+           "                _tm = _r._times.get(_stream)",
+           f"                if _tm is None or _t0 - _tm[1] >= {_EVENT_GAP!r}:",
+           "                    _r._track_cuda(_rec, _first, _t0)",
+           "                else:",
+           "                    _r._events[_stream].append(_rec)",
+           "                    _tm[0] = _t0",
+           "                    _tm[2] = True",
            "            except Exception as _e:",
            "                _report(_e)",
            "            return _result"] if not spec.always_async else []),
@@ -387,7 +385,8 @@ class Recorder:
         self._event_pool: List[Any] = []
         self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for idle checks
         self._sweep_lock = threading.Lock()
-        self._cuda_calls = 0
+        # per stream name: [time of its last call, time of its last event, records queued after it]
+        self._times: Dict[str, List[Any]] = {}
         self._sweep_at = _SWEEP_MIN
         self._works_sweep_at = 256  # the same for async Work objects (see _finish)
         # a query thread still inside a CUDA/backend call (see _bounded): no new one meanwhile
@@ -579,27 +578,56 @@ class Recorder:
         self._progress += len(todo)
         self._last_t1 = t1
 
-    def _track_cuda(self, rec: tuple, stream: Tuple[str, Any]) -> None:
+    def _track_cuda(self, rec: tuple, stream: Tuple[str, Any], t0: float) -> None:
         """A synchronous call on CUDA tensors returned: it is queued on ``stream``, not done.
 
-        Per stream, a queue of records in issue order, each followed by a pooled CUDA event
-        (every ``_EVENT_EVERY``-th with HANGDOC_CUDA_EVENT_EVERY=N: the generated wrappers append
-        the others inline). Work on one stream runs in order, so a completed event completes every
-        record queued before it; a stream found idle (``_sweep``: the watchdog's poll,
-        ``pending()``, ``dump()``) completes its whole queue without asking an event; with sampled
-        events the calls after the last event before a hang take their state from Flight Recorder
-        at a dump. No sync is ever added, and no event is recorded off the job's thread.
+        Per stream, a queue of records in issue order with CUDA events (pooled) among them. Work on
+        one stream runs in order, so a completed event completes every record queued before it,
+        and a stream found idle (``_sweep``: the watchdog's poll, ``pending()``, ``dump()``)
+        completes its whole queue without asking an event. No sync is ever added, and no event is
+        recorded off the job's thread.
+
+        Where events go (``_EVENT_GAP``, HANGDOC_CUDA_EVENT_GAP_MS, 1 ms by default; 0 = after
+        every call): after a stream's first call; after a call when the stream's last event is at
+        least a gap old; and, when a call comes at least a gap after the previous one, before its
+        launch (``_close_burst``), which marks the end of the burst before it. So calls a gap
+        apart each get their own event (exact states at a hang), a burst is marked at its end,
+        and inside a burst there is an event at most once per gap: at most one event per gap per
+        stream, whatever the call rate. An event in a tight loop of small NCCL calls cost ~10 µs
+        on 2 x H200 (docs/gpu.md), so that bounds the recorder's CUDA cost near 1% of wall time.
+        Only calls inside the last gap of a burst that hangs mid-way read "issued" though they ran;
+        Flight Recorder, where on, makes them exact at a dump.
         """
-        entries = self._events.get(stream[0])
-        first = entries is None
-        if first:
+        key = stream[0]
+        entries = self._events.get(key)
+        tm = self._times.get(key)
+        if entries is None or tm is None:
             entries = self._queue(stream)
+            tm = self._times[key] = [t0, float("-inf"), False]
         entries.append(rec)
-        if self._cuda_calls % _EVENT_EVERY and not first:  # a stream's first call gets one: early progress
+        tm[0] = t0
+        if t0 - tm[1] < _EVENT_GAP:
+            tm[2] = True
             return
-        ev = self._event_pool.pop() if len(self._event_pool) > _POOL_RESERVE else _new_event()
-        _record_event(ev, stream[1])
+        self._mark(entries, stream[1], tm, t0)
+
+    def _close_burst(self, stream: Tuple[str, Any], t0: float) -> None:
+        """Before a call's launch, a pause since the stream's previous call: mark the records
+        queued without an event (the end of the burst before this call)."""
+        key = stream[0]
+        entries = self._events.get(key)
+        tm = self._times.get(key)
+        if entries is not None and tm is not None and tm[2] and t0 - tm[0] >= _EVENT_GAP:
+            self._mark(entries, stream[1], tm, t0)
+
+    def _mark(self, entries: collections.deque, stream: Any, tm: List[Any], t0: float) -> None:
+        """Record a pooled event on ``stream`` after everything queued so far."""
+        pool = self._event_pool
+        ev = pool.pop() if len(pool) > _POOL_RESERVE else _new_event()
+        _record_event(ev, stream)
         entries.append(ev)
+        tm[1] = t0
+        tm[2] = False
         self._maybe_sweep(entries)
 
     def _queue(self, stream: Tuple[str, Any], warm: bool = True) -> collections.deque:
@@ -635,7 +663,6 @@ class Recorder:
         """The ``work`` setting: the backend's own Work for this call when c10d's Work.wait()
         handed it over (its end event is already recorded, so completion costs no CUDA call of
         ours), else the event path."""
-        self._cuda_calls += 1
         cap = _capture
         caught = cap[2]
         if caught is not None and caught[0] is rec:
@@ -647,7 +674,7 @@ class Recorder:
             return
         if cap[0] is rec:
             cap[0] = None
-        self._track_cuda(rec, stream)
+        self._track_cuda(rec, stream, rec[_T0])
 
     # -- output --------------------------------------------------------------------------------
     def _materialise(self, r: list) -> Any:
@@ -983,21 +1010,19 @@ _POOL_RESERVE = 2
 #: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work was caught this way for
 #: synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
 _CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
-#: A CUDA event after every how many synchronous CUDA calls. 1 (the default without Flight
-#: Recorder) keeps every record's state exact at a hang: the calls just before the hung one are seen
-#: completed, so "blocked in" names the right call, but in a tight loop of small NCCL calls it cost
-#: ~9-13 us per call on 2 x H200 (docs/gpu.md). N > 1 records one per N calls, cheaper; the last
-#: < N calls before a hang then read "issued" though they ran, unless Flight Recorder is on.
-def _env_int(name: str, default: int) -> int:
+def _env_gap() -> float:
+    """HANGDOC_CUDA_EVENT_GAP_MS in seconds (1 ms by default; 0: an event after every call)."""
     try:
-        return max(1, int(os.environ.get(name, "") or default))
+        return max(0.0, float(os.environ.get("HANGDOC_CUDA_EVENT_GAP_MS", "") or 1.0)) / 1000.0
     except ValueError:
-        return default
+        return 0.001
 
 
-# With Flight Recorder on, its C++ bookkeeping makes states exact at a dump (see
-# _refine_from_flight_recorder): sample. Without it, an event per call.
-_EVENT_EVERY = _env_int("HANGDOC_CUDA_EVENT_EVERY", 32 if flight_recorder_on() else 1)
+#: The least time between two CUDA events of the recorder on one stream (see _track_cuda). An
+#: event after every call (0) keeps every state exact but cost ~9-13 µs per call in a tight loop
+#: of small NCCL calls on 2 x H200; one per gap bounds that cost by the clock instead of the call
+#: rate. Read again by enable(): the generated wrappers hold it as a constant.
+_EVENT_GAP = _env_gap()
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
 
@@ -1059,8 +1084,7 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
         if _CUDA_COMPLETION == "work":
             r._track_cuda_work(rec, first)
         else:
-            r._cuda_calls += 1
-            r._track_cuda(rec, first)
+            r._track_cuda(rec, first, rec[_T0])
     else:
         r._complete(rec)
 
@@ -1068,9 +1092,14 @@ def _finish(rec: tuple, result: Any, first: Any) -> None:
 def _run_tracked(fn: Callable, rec: tuple, first: Any, args: tuple, kwargs: dict) -> Any:
     """Run a recorded call and complete its record: at once for a host-synchronous call, later
     for async Work and CUDA calls (see _finish)."""
-    if rec[_STREAM] is not None and not rec[_ASYNC] and _wait_original is not None:
-        _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
-        _capture[1] = _get_ident()
+    if rec[_STREAM] is not None and not rec[_ASYNC]:
+        try:
+            _recorder._close_burst(first, rec[_T0])  # type: ignore[union-attr]
+        except Exception as e:
+            _report(e)
+        if _wait_original is not None:
+            _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
+            _capture[1] = _get_ident()
     try:
         result = fn(*args, **kwargs)
     except BaseException:
@@ -1268,11 +1297,10 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
         True
         >>> recorder.disable()
     """
-    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _c10d_file, _EVENT_EVERY
+    global _recorder, _c10d, _internal_prefixes, _graph_task_id, _c10d_file, _EVENT_GAP
     if _recorder is not None:
         return _recorder
-    # read now, not at import: hangdoc.wrap turns Flight Recorder on just before
-    _EVENT_EVERY = _env_int("HANGDOC_CUDA_EVENT_EVERY", 32 if flight_recorder_on() else 1)
+    _EVENT_GAP = _env_gap()  # read now, not at import: hangdoc.wrap may set it just before
     try:
         import torch
         import torch.distributed as dist
