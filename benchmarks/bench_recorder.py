@@ -206,6 +206,7 @@ def _cuda_parts(t, n: int) -> None:
         "_current_graph_task_id()": torch._C._current_graph_task_id,
         "event.record(stream)": lambda: record(ev, stream),
         "event.query()": ev.query,
+        "stream.query()": stream.query,
     }
     for name, fn in parts.items():
         best = float("inf")

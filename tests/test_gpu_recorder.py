@@ -64,9 +64,12 @@ SCRIPT = textwrap.dedent('''
     bursts = [int(b) for b in os.environ.get("BURSTS", "").split(",") if b] or [N]
     for i, b in enumerate(bursts):
         if i:
+            # IDLE_IN_PAUSE=1: a host sync between bursts drains the stream
+            Stream.idle = os.environ.get("IDLE_IN_PAUSE") == "1"
             time.sleep(float(os.environ.get("PAUSE", "0")))
-        for _ in range(b):
+        for j in range(b):
             dist.all_reduce(t)
+            Stream.idle = False
     N = sum(bursts)
     markers = sorted({type(m).__name__ for q in rec._events.values() for m in q if type(m) is not tuple})
     pending_before = len(rec.pending())
@@ -100,10 +103,11 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(mode, n=40, gpu="events", gap_ms=0, out="/tmp", warm=False, bursts="", pause=0.0):
+def run(mode, n=40, gpu="events", gap_ms=0, out="/tmp", warm=False, bursts="", pause=0.0, idle_in_pause=False):
     """The script above in its own process. ``gap_ms=0`` (an event after every call) unless a test
     is about the default spacing of events."""
-    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out), WARM="1" if warm else "0", BURSTS=bursts, PAUSE=str(pause))
+    env = dict(os.environ, PYTHONPATH=ROOT, OUT=str(out), WARM="1" if warm else "0", BURSTS=bursts, PAUSE=str(pause),
+               IDLE_IN_PAUSE="1" if idle_in_pause else "0")
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env.pop(name, None)
     env["HANGDOC_CUDA_EVENT_GAP_MS"] = str(gap_ms)
@@ -157,6 +161,16 @@ def test_a_pause_marks_the_end_of_the_burst_before_it():
     assert out["event_after_calls"] == [1, 5, 10]
     # The GPU ran bursts 1 and 2 and hangs in the first call of burst 3: exact, as with an
     # event after every call.
+    assert out["pending_after"] == 5 and out["progress"] == 10
+
+
+def test_a_stream_drained_by_a_host_sync_completes_its_queue_without_an_event():
+    # Between bursts the job waited on the GPU (.item()): the first call after the pause finds the
+    # stream idle before its launch and completes everything queued, exactly; no event is needed.
+    out = run("event", gpu="stop:0", gap_ms=200, bursts="5,5,5", pause=0.3, idle_in_pause=True)
+    # Events only after the first call of each burst (a gap since the last one): none before
+    # a burst, the query made it needless.
+    assert out["event_after_calls"] == [1, 6, 11]
     assert out["pending_after"] == 5 and out["progress"] == 10
 
 

@@ -297,7 +297,7 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         *(["        if _stream is not None:",
            "            try:",
            "                _tm = _r._times.get(_stream)",
-           f"                if _tm is not None and _tm[2] and _t0 - _tm[0] >= {_EVENT_GAP!r}:",
+           f"                if _tm is not None and _tm[2] and _t0 - _tm[0] >= {min(_EVENT_GAP, _IDLE_AFTER)!r}:",
            "                    _r._close_burst(_first, _t0)",
            "            except Exception as _e:",
            "                _report(_e)"] if not spec.always_async else []),
@@ -593,7 +593,8 @@ class Recorder:
         launch (``_close_burst``), which marks the end of the burst before it. So calls a gap
         apart each get their own event (exact states at a hang), a burst is marked at its end,
         and inside a burst there is an event at most once per gap: at most one event per gap per
-        stream, whatever the call rate. An event in a tight loop of small NCCL calls cost ~10 µs
+        stream, whatever the call rate. A call after a shorter pause (100 µs) first asks whether
+        the stream is idle, as it is after a host sync: then the queue completes with no event. An event in a tight loop of small NCCL calls cost ~10 µs
         on 2 x H200 (docs/gpu.md), so that bounds the recorder's CUDA cost near 1% of wall time.
         Only calls inside the last gap of a burst that hangs mid-way read "issued" though they ran;
         Flight Recorder, where on, makes them exact at a dump.
@@ -612,12 +613,19 @@ class Recorder:
         self._mark(entries, stream[1], tm, t0)
 
     def _close_burst(self, stream: Tuple[str, Any], t0: float) -> None:
-        """Before a call's launch, a pause since the stream's previous call: mark the records
-        queued without an event (the end of the burst before this call)."""
+        """Before a call's launch, after a pause since the stream's previous call, with records
+        queued after the last event: a stream found idle (``cudaStreamQuery``, on the job's
+        thread: a host sync such as ``.item()`` drained it) completes them all, exactly and with
+        no event; otherwise, after a pause of a whole gap, an event marks the end of the burst
+        before this call. Pauses of ``_IDLE_AFTER`` or more only: at most one query per 100 µs."""
         key = stream[0]
         entries = self._events.get(key)
         tm = self._times.get(key)
-        if entries is not None and tm is not None and tm[2] and t0 - tm[0] >= _EVENT_GAP:
+        if entries is None or tm is None or not tm[2] or t0 - tm[0] < min(_EVENT_GAP, _IDLE_AFTER):
+            return
+        if not entries or self._sweep_idle(key, entries):
+            tm[2] = False
+        elif t0 - tm[0] >= _EVENT_GAP:
             self._mark(entries, stream[1], tm, t0)
 
     def _mark(self, entries: collections.deque, stream: Any, tm: List[Any], t0: float) -> None:
@@ -1023,6 +1031,9 @@ def _env_gap() -> float:
 #: of small NCCL calls on 2 x H200; one per gap bounds that cost by the clock instead of the call
 #: rate. Read again by enable(): the generated wrappers hold it as a constant.
 _EVENT_GAP = _env_gap()
+#: A pause between two calls on a stream after which the second asks whether the stream is idle
+#: before its launch (see _close_burst).
+_IDLE_AFTER = 0.0001
 #: [record whose Work is awaited, thread ident, (record, Work) once caught]: set around one call.
 _capture: List[Any] = [None, 0, None]
 
