@@ -207,13 +207,17 @@ def test_run2_stream_misplacement_completion_state():
     assert by_state["issued"] == {4} and max(by_state["completed"]) == 3
 
 
-# -- run 3: the recorder with its CUDA queue (one event per call, idle-stream completion) -----------
+# -- runs 3 and 5: the recorder's CUDA queue alone (no Flight Recorder refinement) ------------------
+# run 3: an event after every call; run 5 (session 3's default): events at most once per ms per
+# stream, one before a call after a pause, and an idle stream completing its queue with no event.
 RUN3 = os.path.join(RUN1, "hangdoc-run3")
+RUN5 = os.path.join(RUN1, "hangdoc-run5-gap")
+EXACT_RUNS = pytest.mark.parametrize("run", [RUN3, RUN5], ids=["run3-event-per-call", "run5-gap"])
 
 
-def blocked_in(scenario):
+def blocked_in(scenario, run=RUN3):
     """Per rank, the 'blocked in' evidence of the headline: which call the records say is stuck."""
-    f = analyse(read_paths([os.path.join(RUN3, scenario)])).findings[0]
+    f = analyse(read_paths([os.path.join(run, scenario)])).findings[0]
     return f, sorted(e for e in f.evidence if " is blocked in " in e)
 
 
@@ -226,24 +230,29 @@ def blocked_in(scenario):
     ("nccl_stream_misplacement", "stream-misplacement", {1},
      ["rank 0 is blocked in all_reduce([65536] float32) #4 of group 2", "rank 1 is blocked in all_reduce([65536] float32) #4 of group 1"]),
 ])
-def test_run3_verdicts_and_exact_completion(scenario, kind, culprits, stuck):
-    f, evidence = blocked_in(scenario)
+@EXACT_RUNS
+def test_exact_verdicts_and_exact_completion(run, scenario, kind, culprits, stuck):
+    f, evidence = blocked_in(scenario, run)
     assert f.kind == kind and {c.rank for c in f.culprits} == culprits
     assert len(evidence) == 2 and all(e.startswith(s) for e, s in zip(evidence, stuck)), evidence
 
 
-def test_run3_pipeline_records_complete_up_to_the_cycle():
+@EXACT_RUNS
+def test_exact_pipeline_records_complete_up_to_the_cycle(run):
     # Calls 0-5 ran (NCCL: "last completed work: 6" counts from 1); 6 and 7 never did.
-    job = read_paths([os.path.join(RUN3, "nccl_pipeline_cycle", "records")])
+    job = read_paths([os.path.join(run, "nccl_pipeline_cycle", "records")])
     for rank in (0, 1):
         states = [r.state for r in sorted((r for r in job.records if r.rank == rank), key=lambda r: r.seq)]
         assert states == ["completed"] * 6 + ["issued"] * 2, (rank, states)
-    with open(os.path.join(RUN3, "nccl_pipeline_cycle", "log.txt")) as f:
+    with open(os.path.join(run, "nccl_pipeline_cycle", "log.txt")) as f:
         assert "last enqueued work: 8, last completed work: 6" in f.read()
 
 
-def test_run3_dataloader_records_agree_with_the_stacks():
-    f, _ = blocked_in("nccl_dataloader_deadlock")
+@EXACT_RUNS
+def test_exact_dataloader_records_agree_with_the_stacks(run):
+    # run 5: both ranks dumped (run 4's rank 0 never did: its sweep blocked in cuEventRecord)
+    assert len(os.listdir(os.path.join(run, "nccl_dataloader_deadlock", "records"))) == 2
+    f, _ = blocked_in("nccl_dataloader_deadlock", run)
     assert f.kind == "dataloader-stall" and {c.rank for c in f.culprits} == {1}
     assert any("the collective records agree: rank 0 waits in all_reduce #3" in e for e in f.evidence)
 
