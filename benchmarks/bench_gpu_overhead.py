@@ -128,17 +128,22 @@ def driver(repeats: int, rounds: int) -> None:
     for w in WORKLOADS:
         med = {}
         paired = {}
+        quart = {}
         for job in JOBS:
             offs = [x for d in runs[job] for x in d["samples"]["off"][w]]
             ons = [x for d in runs[job] for x in d["samples"]["on"][w]]
             med[job] = (statistics.median(offs), statistics.median(ons))
-            paired[job] = statistics.median([b - a for d in runs[job]
-                                             for a, b in zip(d["samples"]["off"][w], d["samples"]["on"][w])])
+            diffs = [b - a for d in runs[job] for a, b in zip(d["samples"]["off"][w], d["samples"]["on"][w])]
+            paired[job] = statistics.median(diffs)
+            quart[job] = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else [diffs[0]] * 3
         a, c = med["none"]
         b, d_ = med["flight-recorder"]
         print(f"{w:28s} {a:10.2f} {b:10.2f} {c:12.2f} {d_:10.2f}   {paired['none']:+10.2f} ({paired['none'] / a * 100:+.2f}%)"
               f" {paired['flight-recorder']:+10.2f} {b - a:+12.2f} ({(b - a) / a * 100:+.2f}%)")
+        print(f"{'':28s} paired quartiles: FR off {quart['none'][0]:+.2f} .. {quart['none'][2]:+.2f}, "
+              f"FR on {quart['flight-recorder'][0]:+.2f} .. {quart['flight-recorder'][2]:+.2f}")
         summary[w] = dict(none=a, flight_recorder=b, hangdoc=c, both=d_, hangdoc_paired_added=paired["none"],
+                          hangdoc_paired_quartiles=quart["none"], hangdoc_paired_quartiles_with_fr=quart["flight-recorder"],
                           hangdoc_paired_added_with_fr=paired["flight-recorder"], fr_added_across_jobs=b - a)
     print(json.dumps({"summary": summary, "repeats": repeats, "rounds": rounds}))
 

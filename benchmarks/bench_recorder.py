@@ -70,15 +70,18 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
     off, on = [], []
     n_rec = 0
     rec = None
-    for _ in range(rounds):
-        gc.collect()
-        off.append(_loop_module(dist, t, calls))
-        rec = recorder.enable(capacity=100_000)
-        gc.collect()  # enable()'s own garbage (signature discovery) is not a per-call cost
-        on.append(_loop_module(dist, t, calls))
-        n_rec = len(rec._buf)
-        recorder.disable()
-        rec = None
+    for r in range(rounds):
+        for setting in (("off", "on") if r % 2 == 0 else ("on", "off")):  # neither always first
+            gc.collect()
+            if setting == "off":
+                off.append(_loop_module(dist, t, calls))
+                continue
+            rec = recorder.enable(capacity=100_000)
+            gc.collect()  # enable()'s own garbage (signature discovery) is not a per-call cost
+            on.append(_loop_module(dist, t, calls))
+            n_rec = len(rec._buf)
+            recorder.disable()
+            rec = None
     # All ranks ran the same number of calls; only rank 0 reports.
     if rank == 0:
         print(f"world size {world}, all_reduce([4] float32) on {'nccl' if cuda else 'gloo'}, "
@@ -88,6 +91,10 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
             a, b = f(off), f(on)
             print(f"{label:>6}: recorder off {a:7.2f} µs/call   on {b:7.2f} µs/call   "
                   f"added {b - a:+6.2f} µs/call   ratio {b / a:.3f}")
+        d = sorted(b - a for a, b in zip(off, on))
+        q = statistics.quantiles(d, n=4) if len(d) > 1 else [d[0]] * 3
+        print(f"paired (on - off, same round): median {q[1]:+6.2f} µs/call, quartiles {q[0]:+.2f} .. {q[2]:+.2f}, "
+              f"{rounds} rounds")
         print(f"records kept in the ring buffer: {n_rec} (capacity 100000)")
         _wrapper_only(recorder, t, calls * 5)
         if cuda:

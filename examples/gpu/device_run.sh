@@ -57,13 +57,13 @@ fi
 if has recorder; then
   for gap in ${EVENT_GAP_MS:-1}; do
     echo "== recorder alone, HANGDOC_CUDA_EVENT_GAP_MS=$gap $(date +%T)"
-    HANGDOC_CUDA_EVENT_GAP_MS=$gap timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 9 2>&1 | tee "$OUT/recorder-gap$gap.log"
+    HANGDOC_CUDA_EVENT_GAP_MS=$gap timeout 90 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls "${CALLS:-3000}" --rounds "${RROUNDS:-9}" 2>&1 | tee "$OUT/recorder-gap$gap.log"
     echo "bench_recorder rc ${PIPESTATUS[0]}"
   done
 fi
 if has variants; then
   echo "== recorder variants $(date +%T)"
-  timeout 120 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls 3000 --rounds 11 --variants 2>&1 | tee "$OUT/variants.log"
+  timeout 120 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls "${CALLS:-3000}" --rounds "${VROUNDS:-11}" --variants 2>&1 | tee "$OUT/variants.log"
   echo "variants rc ${PIPESTATUS[0]}"
 fi
 if has ddp; then
@@ -87,7 +87,7 @@ if has captures; then
 fi
 if has bench; then
   echo "== bench $(date +%T)"
-  timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" 2>&1 \
+  timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" --rounds "${ROUNDS:-6}" 2>&1 \
     | grep -v "^\*\|OMP_NUM\|Utils.hpp\|^$" | tee "$OUT/bench.log"
   echo "bench rc ${PIPESTATUS[0]}"
 fi

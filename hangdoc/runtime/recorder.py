@@ -295,8 +295,8 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         # After a pause on this stream, an event before this call's launch marks the end of the
         # previous burst: its last calls are then seen completed exactly (see _track_cuda).
         *(["        if _stream is not None:",
+           "            _tm = _r._times.get(_stream)",
            "            try:",
-           "                _tm = _r._times.get(_stream)",
            f"                if _tm is not None and _tm[2] and _t0 - _tm[0] >= {min(_EVENT_GAP, _IDLE_AFTER)!r}:",
            "                    _r._close_burst(_first, _t0)",
            "            except Exception as _e:",
@@ -313,11 +313,10 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         # HANGDOC_CUDA_EVENT_GAP_MS on a stream, see _track_cuda).
         *(["        if _stream is not None:",
            "            try:",
-           "                _tm = _r._times.get(_stream)",
            f"                if _tm is None or _t0 - _tm[1] >= {_EVENT_GAP!r}:",
            "                    _r._track_cuda(_rec, _first, _t0)",
            "                else:",
-           "                    _r._events[_stream].append(_rec)",
+           "                    _tm[3].append(_rec)",
            "                    _tm[0] = _t0",
            "                    _tm[2] = True",
            "            except Exception as _e:",
@@ -385,7 +384,8 @@ class Recorder:
         self._event_pool: List[Any] = []
         self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for idle checks
         self._sweep_lock = threading.Lock()
-        # per stream name: [time of its last call, time of its last event, records queued after it]
+        # per stream name: [time of its last call, time of its last event, records queued after
+        # it, its queue (the same deque as in _events)]
         self._times: Dict[str, List[Any]] = {}
         self._sweep_at = _SWEEP_MIN
         self._works_sweep_at = 256  # the same for async Work objects (see _finish)
@@ -604,7 +604,7 @@ class Recorder:
         tm = self._times.get(key)
         if entries is None or tm is None:
             entries = self._queue(stream)
-            tm = self._times[key] = [t0, float("-inf"), False]
+            tm = self._times[key] = [t0, float("-inf"), False, entries]
         entries.append(rec)
         tm[0] = t0
         if t0 - tm[1] < _EVENT_GAP:
