@@ -12,6 +12,7 @@ Workloads, timed per round with a CUDA sync around: a loop of small (4 KB) and o
 all_reduce, and a small DDP training step (8 x Linear(1024), batch 64).
 
     python benchmarks/bench_gpu_overhead.py [--repeats 2] [--rounds 6]
+    HANGDOC_BENCH_PATCH="_IDLE_AFTER=0.001" python benchmarks/bench_gpu_overhead.py   (a setting to compare)
     (the driver starts itself under torchrun with --worker)
 """
 
@@ -40,6 +41,10 @@ def worker(out: str, rounds: int) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from hangdoc.runtime import recorder
 
+    # HANGDOC_BENCH_PATCH="_IDLE_AFTER=0.001,...": recorder module settings to try instead of the defaults
+    for item in filter(None, os.environ.get("HANGDOC_BENCH_PATCH", "").split(",")):
+        name, value = item.split("=")
+        setattr(recorder, name, float(value))
     local = int(os.environ["LOCAL_RANK"])
     gloo = os.environ.get("HANGDOC_BENCH_GLOO") == "1"  # the plumbing on a CPU-only machine
     sync = (lambda: None) if gloo else torch.cuda.synchronize

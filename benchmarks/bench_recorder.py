@@ -46,7 +46,7 @@ def _loop_module(dist, t, n: int) -> float:
 
 
 def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = False,
-        cpu: int | None = None, variants: bool = False) -> None:
+        cpu: int | None = None, variants: bool = False, size: int = 4) -> None:
     if cpu is not None:  # before any thread exists: gloo's threads inherit it
         os.sched_setaffinity(0, {cpu})
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -58,10 +58,10 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
     if cuda:
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
-        t = torch.ones(4, device="cuda")
+        t = torch.ones(size, device="cuda")
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        t = torch.ones(4)
+        t = torch.ones(size)
     _loop_module(dist, t, 2000)  # warm-up
     if variants:
         _variants(recorder, dist, t, calls, rounds, rank)
@@ -84,7 +84,7 @@ def run(rank: int, world: int, port: int, calls: int, rounds: int, cuda: bool = 
             rec = None
     # All ranks ran the same number of calls; only rank 0 reports.
     if rank == 0:
-        print(f"world size {world}, all_reduce([4] float32) on {'nccl' if cuda else 'gloo'}, "
+        print(f"world size {world}, all_reduce([{t.numel()}] float32) on {'nccl' if cuda else 'gloo'}, "
               f"{rounds} alternating rounds of {calls} calls, "
               + (f"pinned to CPU {cpu}" if cpu is not None else f"unpinned ({os.cpu_count()} CPUs)"))
         for label, f in (("min", min), ("median", statistics.median)):
@@ -173,6 +173,8 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
         "on, an event after every call": on(gap_ms=0),
         "on, events >= 0.25 ms apart": on(gap_ms=0.25),
         "on, no events (first call only)": on(gap_ms=10 ** 12),
+        "on, idle queries after 1 ms only": on(_IDLE_AFTER=1.0),
+        "on, no events, no idle queries": on(gap_ms=10 ** 12, _IDLE_AFTER=10.0 ** 12),
         "on, CPU path (no CUDA queue)": on(_cuda_built=lambda: False),
         "wrapper layer only (no record)": on(_group_info=lambda group: None),
         "off, gc disabled": gc_off,
@@ -190,7 +192,8 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
             finally:
                 undo()
     if rank == 0:
-        print(f"variants: {rounds} rounds x {calls} calls, each setting once per round (rotating order)")
+        print(f"variants: all_reduce([{t.numel()}] float32), {rounds} rounds x {calls} calls, each setting once "
+              "per round (rotating order)")
         for name in names:
             d = [a - b for a, b in zip(times[name], times["off"])]
             print(f"  {name:34s} median {statistics.median(times[name]):7.2f} µs/call   "
@@ -234,6 +237,7 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=None, help="pin each rank to this CPU (rank r: CPU N + r)")
     ap.add_argument("--variants", action="store_true",
                     help="where the cost comes from: the recorder on in reduced forms, round by round")
+    ap.add_argument("--size", type=int, default=4, help="float32 elements per all_reduce (16777216: 64 MB)")
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -244,13 +248,14 @@ def main() -> int:
         import subprocess
 
         others = [subprocess.Popen([sys.executable, __file__, "--calls", str(args.calls), "--rounds", str(args.rounds),
-                                    "--world", str(args.world), "--rank", str(r), "--port", str(args.port)]
+                                    "--world", str(args.world), "--rank", str(r), "--port", str(args.port),
+                                    "--size", str(args.size)]
                                    + (["--cuda"] if args.cuda else [])
                                    + (["--variants"] if args.variants else [])
                                    + (["--cpu", str((args.cpu + r) % os.cpu_count())] if args.cpu is not None else []),
                                    start_new_session=True) for r in range(1, args.world)]
         try:
-            run(0, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu, args.variants)
+            run(0, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu, args.variants, args.size)
         finally:
             for p in others:
                 try:
@@ -258,7 +263,7 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, 9)
         return 0
-    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu, args.variants)
+    run(args.rank, args.world, args.port, args.calls, args.rounds, args.cuda, args.cpu, args.variants, args.size)
     return 0
 
 

@@ -63,8 +63,10 @@ if has recorder; then
 fi
 if has variants; then
   echo "== recorder variants $(date +%T)"
-  timeout 120 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls "${CALLS:-3000}" --rounds "${VROUNDS:-11}" --variants 2>&1 | tee "$OUT/variants.log"
-  echo "variants rc ${PIPESTATUS[0]}"
+  for size in ${VSIZES:-4}; do
+    timeout 150 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls "${CALLS:-3000}" --rounds "${VROUNDS:-11}" --variants --size "$size" 2>&1 | tee -a "$OUT/variants.log"
+    echo "variants rc ${PIPESTATUS[0]}"
+  done
 fi
 if has ddp; then
   echo "== ddp hook $(date +%T)"
@@ -86,9 +88,13 @@ if has captures; then
   done 2>&1 | tee "$OUT/captures-verdicts.log"
 fi
 if has bench; then
-  echo "== bench $(date +%T)"
-  timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" --rounds "${ROUNDS:-6}" 2>&1 \
-    | grep -v "^\*\|OMP_NUM\|Utils.hpp\|^$" | tee "$OUT/bench.log"
-  echo "bench rc ${PIPESTATUS[0]}"
+  # BENCH_PATCHES="default _IDLE_AFTER=1.0": one bench per recorder setting (see bench_gpu_overhead.py)
+  for patch in ${BENCH_PATCHES:-default}; do
+    echo "== bench $patch $(date +%T)"
+    [ "$patch" = default ] && patch=""
+    HANGDOC_BENCH_PATCH="$patch" timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" --rounds "${ROUNDS:-6}" 2>&1 \
+      | grep -v "^\*\|OMP_NUM\|Utils.hpp\|^$" | tee -a "$OUT/bench.log"
+    echo "bench rc ${PIPESTATUS[0]}"
+  done
 fi
 echo "== done $(date +%T)"
