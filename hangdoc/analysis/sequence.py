@@ -129,8 +129,8 @@ def refine_states(records: Iterable[CollectiveRecord], window: int = 256) -> int
     Recorder dump saw the same call complete; returns how many changed (in place).
 
     Flight Recorder tracks completion in C++ from the backend's own events, at no Python cost;
-    hangdoc's recorder may sample its CUDA events (HANGDOC_CUDA_EVENT_EVERY, or fewer when Flight
-    Recorder is on), so its last records before a hang can read issued though they ran. Per rank
+    hangdoc's recorder spaces its CUDA events in time (HANGDOC_CUDA_EVENT_GAP_MS), so the last
+    records of a burst that hung mid-way can read issued though they ran. Per rank
     and group the two are aligned from the newest call back: each hangdoc record is paired with
     the newest not yet paired Flight Recorder entry of the same op, shapes and peer (Flight
     Recorder also holds calls hangdoc never saw, such as DDP's gradient all_reduces). Pairing with
