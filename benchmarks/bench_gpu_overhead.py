@@ -13,6 +13,7 @@ all_reduce, and a small DDP training step (8 x Linear(1024), batch 64).
 
     python benchmarks/bench_gpu_overhead.py [--repeats 2] [--rounds 6]
     HANGDOC_BENCH_PATCH="_IDLE_AFTER=0.001" python benchmarks/bench_gpu_overhead.py   (a setting to compare)
+    HANGDOC_BENCH_GC=1 python benchmarks/bench_gpu_overhead.py   (a full gc.collect() before each timed loop)
     (the driver starts itself under torchrun with --worker)
 """
 
@@ -72,7 +73,13 @@ def worker(out: str, rounds: int) -> None:
              (WORKLOADS[1], 40 // k, lambda: dist.all_reduce(medium)),
              (WORKLOADS[2], 100 // k, train_step))
 
+    collect = os.environ.get("HANGDOC_BENCH_GC") == "1"  # a full collection before each timed loop
+
     def timed(n, fn):
+        if collect:
+            import gc
+
+            gc.collect()
         sync()
         dist.barrier()
         sync()

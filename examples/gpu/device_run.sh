@@ -89,10 +89,12 @@ if has captures; then
 fi
 if has bench; then
   # BENCH_PATCHES="default _IDLE_AFTER=1.0": one bench per recorder setting (see bench_gpu_overhead.py)
+  # "gc": the default with a full collection before each timed loop
   for patch in ${BENCH_PATCHES:-default}; do
     echo "== bench $patch $(date +%T)"
-    [ "$patch" = default ] && patch=""
-    HANGDOC_BENCH_PATCH="$patch" timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" --rounds "${ROUNDS:-6}" 2>&1 \
+    gc=0; [ "$patch" = gc ] && gc=1
+    { [ "$patch" = default ] || [ "$patch" = gc ]; } && patch=""
+    HANGDOC_BENCH_GC=$gc HANGDOC_BENCH_PATCH="$patch" timeout "${BENCH_TIMEOUT:-280}" python3 benchmarks/bench_gpu_overhead.py --repeats "${REPEATS:-2}" --rounds "${ROUNDS:-6}" 2>&1 \
       | grep -v "^\*\|OMP_NUM\|Utils.hpp\|^$" | tee -a "$OUT/bench.log"
     echo "bench rc ${PIPESTATUS[0]}"
   done
