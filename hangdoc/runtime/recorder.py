@@ -593,11 +593,11 @@ class Recorder:
         launch (``_close_burst``), which marks the end of the burst before it. So calls a gap
         apart each get their own event (exact states at a hang), a burst is marked at its end,
         and inside a burst there is an event at most once per gap: at most one event per gap per
-        stream, whatever the call rate. A call after a shorter pause (100 µs) first asks whether
-        the stream is idle, as it is after a host sync: then the queue completes with no event. An event in a tight loop of small NCCL calls cost ~10 µs
-        on 2 x H200 (docs/gpu.md), so that bounds the recorder's CUDA cost near 1% of wall time.
-        Only calls inside the last gap of a burst that hangs mid-way read "issued" though they ran;
-        Flight Recorder, where on, makes them exact at a dump.
+        stream, whatever the call rate (an event after every call cost ~9-13 µs a call in a tight
+        loop of small NCCL calls on 2 x H200, docs/gpu.md). A call after a shorter pause (100 µs)
+        first asks whether the stream is idle, as it is after a host sync: then the queue
+        completes with no event. Only calls inside the last gap of a burst that hangs mid-way read
+        "issued" though they ran; Flight Recorder, where on, makes them exact at a dump.
         """
         key = stream[0]
         entries = self._events.get(key)
@@ -1012,12 +1012,14 @@ _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
 _SWEEP_MIN = 128
 #: Pooled events left in the pool by the hot path (it creates new ones below that).
 _POOL_RESERVE = 2
-#: How synchronous CUDA calls are seen completed: "event" (a pooled CUDA event per call; past a
-#: backlog every 16th, plus one for the newest records when someone looks) or "work" (the
-#: backend's own Work, caught in the Work.wait() that c10d calls for a synchronous call, falling
-#: back to events when none shows up). On torch 2.11 + NCCL 2.28 no Work was caught this way for
-#: synchronous calls (docs/gpu.md), so "work" only added the Work.wait hook: "event" is the default.
+#: How synchronous CUDA calls are seen completed: "event" (pooled CUDA events spaced in time and
+#: idle-stream queries, see Recorder._track_cuda) or "work" (the backend's own Work, caught in the
+#: Work.wait() that c10d calls for a synchronous call, falling back to events when none shows up).
+#: On torch 2.11 + NCCL 2.28 no Work was caught this way for synchronous calls (docs/gpu.md), so
+#: "work" only added the Work.wait hook: "event" is the default.
 _CUDA_COMPLETION = os.environ.get("HANGDOC_CUDA_COMPLETION", "event")
+
+
 def _env_gap() -> float:
     """HANGDOC_CUDA_EVENT_GAP_MS in seconds (1 ms by default; 0: an event after every call)."""
     try:
@@ -1104,10 +1106,12 @@ def _run_tracked(fn: Callable, rec: tuple, first: Any, args: tuple, kwargs: dict
     """Run a recorded call and complete its record: at once for a host-synchronous call, later
     for async Work and CUDA calls (see _finish)."""
     if rec[_STREAM] is not None and not rec[_ASYNC]:
-        try:
-            _recorder._close_burst(first, rec[_T0])  # type: ignore[union-attr]
-        except Exception as e:
-            _report(e)
+        r = _recorder
+        if r is not None:
+            try:
+                r._close_burst(first, rec[_T0])
+            except Exception as e:
+                _report(e)
         if _wait_original is not None:
             _capture[0] = rec  # the Work.wait() c10d calls inside fn hands over the Work
             _capture[1] = _get_ident()
@@ -1311,7 +1315,7 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     global _recorder, _c10d, _internal_prefixes, _graph_task_id, _c10d_file, _EVENT_GAP
     if _recorder is not None:
         return _recorder
-    _EVENT_GAP = _env_gap()  # read now, not at import: hangdoc.wrap may set it just before
+    _EVENT_GAP = _env_gap()  # read now, not at import: the job may set it after importing hangdoc
     try:
         import torch
         import torch.distributed as dist
