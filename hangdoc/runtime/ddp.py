@@ -101,16 +101,15 @@ def _issuer(filename: str, line: int, name: str) -> Callable[[Any, Any], Any]:
 
 
 def _forward_site(frame: Any) -> tuple:
-    """(file, line) of the first frame outside torch and hangdoc from ``frame`` outwards."""
-    import torch
-    import hangdoc
+    """(file, line) of the first frame outside torch, hangdoc and the stdlib wrappers from
+    ``frame`` outwards (what the recorder calls a call site)."""
+    from hangdoc.runtime.recorder import plumbing_prefixes
 
-    internal = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(hangdoc.__file__) + os.sep, "<frozen ")
+    internal = plumbing_prefixes()
     f = frame
     while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith(internal) and not fn.endswith(("contextlib.py", "functools.py")):
-            return fn, f.f_lineno
+        if not f.f_code.co_filename.startswith(internal):
+            return f.f_code.co_filename, f.f_lineno
         f = f.f_back
     return "<DistributedDataParallel>", 1
 

@@ -298,7 +298,7 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
            "            _tm = _r._times.get(_stream)",
            "            try:",
            f"                if _tm is not None and _tm[2] and _t0 - _tm[0] >= {min(_EVENT_GAP, _IDLE_AFTER)!r}:",
-           "                    _r._close_burst(_first, _t0)",
+           "                    _r._close_burst(_first, _tm, _t0)",
            "            except Exception as _e:",
            "                _report(_e)"] if not spec.always_async else []),
         "        try:",
@@ -491,7 +491,7 @@ class Recorder:
                 # No tail event here: recording one off the job's thread blocked in
                 # cuEventRecord on 2 x H200 while the job's thread spun in cuLaunchKernel behind
                 # a hung NCCL kernel. The newest records without an event complete when the
-                # stream is idle, or from Flight Recorder at a dump (sampled events need it on).
+                # stream is idle, or from Flight Recorder (where on) at a dump.
                 if entries and self._sweep_idle(key, entries):
                     continue
                 self._sweep_stream(entries)
@@ -599,12 +599,12 @@ class Recorder:
         completes with no event. Only calls inside the last gap of a burst that hangs mid-way read
         "issued" though they ran; Flight Recorder, where on, makes them exact at a dump.
         """
-        key = stream[0]
-        entries = self._events.get(key)
-        tm = self._times.get(key)
-        if entries is None or tm is None:
+        tm = self._times.get(stream[0])
+        if tm is None:
             entries = self._queue(stream)
-            tm = self._times[key] = [t0, float("-inf"), False, entries]
+            tm = self._times[stream[0]] = [t0, float("-inf"), False, entries]
+        else:
+            entries = tm[3]
         entries.append(rec)
         tm[0] = t0
         if t0 - tm[1] < _EVENT_GAP:
@@ -612,18 +612,15 @@ class Recorder:
             return
         self._mark(entries, stream[1], tm, t0)
 
-    def _close_burst(self, stream: Tuple[str, Any], t0: float) -> None:
+    def _close_burst(self, stream: Tuple[str, Any], tm: List[Any], t0: float) -> None:
         """Before a call's launch, after a pause since the stream's previous call, with records
-        queued after the last event: a stream found idle (``cudaStreamQuery``, on the job's
-        thread: a host sync such as ``.item()`` drained it) completes them all, exactly and with
-        no event; otherwise, after a pause of a whole gap, an event marks the end of the burst
-        before this call. Pauses of ``_IDLE_AFTER`` or more only: at most one query per 100 µs."""
-        key = stream[0]
-        entries = self._events.get(key)
-        tm = self._times.get(key)
-        if entries is None or tm is None or not tm[2] or t0 - tm[0] < min(_EVENT_GAP, _IDLE_AFTER):
-            return
-        if not entries or self._sweep_idle(key, entries):
+        queued after the last event (the callers check both, with ``tm`` the stream's state from
+        ``_times``): a stream found idle (``cudaStreamQuery``, on the job's thread: a host sync
+        such as ``.item()`` drained it) completes them all, exactly and with no event; otherwise,
+        after a pause of a whole gap, an event marks the end of the burst before this call.
+        Pauses of ``_IDLE_AFTER`` or more only: at most one query per 100 µs."""
+        entries = tm[3]
+        if not entries or self._sweep_idle(stream[0], entries):
             tm[2] = False
         elif t0 - tm[0] >= _EVENT_GAP:
             self._mark(entries, stream[1], tm, t0)
@@ -759,8 +756,8 @@ def flight_recorder_on() -> bool:
 
 def _refine_from_flight_recorder(records: List[Any]) -> int:
     """Lift records Flight Recorder saw complete (see hangdoc.analysis.sequence.refine_states):
-    with Flight Recorder on, CUDA events are sampled, and its C++ bookkeeping makes the states
-    exact at a dump. Reads this process's buffer only (no collective, no sync); never raises."""
+    the recorder's CUDA events are spaced in time, and Flight Recorder's C++ bookkeeping makes
+    the calls after the last completed event exact at a dump. Reads this process's buffer only (no collective, no sync); never raises."""
     if not records or not flight_recorder_on():
         return 0
     try:
@@ -868,6 +865,24 @@ def _line_of(code: Any, lasti: int) -> Optional[int]:
     except Exception:
         pass
     return code.co_firstlineno
+
+
+def plumbing_prefixes() -> Tuple[str, ...]:
+    """File name prefixes of code that is never the user's call site: torch, hangdoc and the
+    stdlib wrappers between them (contextlib, functools, threading), frozen modules."""
+    import torch
+
+    import hangdoc
+
+    stdlib = os.path.dirname(contextlib.__file__)
+    return (
+        os.path.dirname(torch.__file__) + os.sep,
+        os.path.dirname(hangdoc.__file__) + os.sep,
+        os.path.join(stdlib, "contextlib.py"),
+        os.path.join(stdlib, "functools.py"),
+        os.path.join(stdlib, "threading.py"),
+        "<frozen ",
+    )
 
 
 def _code_kind(code: Any) -> tuple:
@@ -1107,9 +1122,10 @@ def _run_tracked(fn: Callable, rec: tuple, first: Any, args: tuple, kwargs: dict
     for async Work and CUDA calls (see _finish)."""
     if rec[_STREAM] is not None and not rec[_ASYNC]:
         r = _recorder
-        if r is not None:
+        tm = r._times.get(rec[_STREAM]) if r is not None else None
+        if tm is not None and tm[2] and rec[_T0] - tm[0] >= min(_EVENT_GAP, _IDLE_AFTER):
             try:
-                r._close_burst(first, rec[_T0])
+                r._close_burst(first, tm, rec[_T0])  # type: ignore[union-attr]
             except Exception as e:
                 _report(e)
         if _wait_original is not None:
@@ -1326,17 +1342,7 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     except Exception:
         return None
     _c10d = c10d
-    import hangdoc
-
-    stdlib = os.path.dirname(contextlib.__file__)
-    _internal_prefixes = (
-        os.path.dirname(torch.__file__) + os.sep,
-        os.path.dirname(hangdoc.__file__) + os.sep,
-        os.path.join(stdlib, "contextlib.py"),
-        os.path.join(stdlib, "functools.py"),
-        os.path.join(stdlib, "threading.py"),
-        "<frozen ",
-    )
+    _internal_prefixes = plumbing_prefixes()
     _c10d_file = c10d.__file__
     _internal_code.clear()
     _Tensor[0] = torch.Tensor

@@ -33,8 +33,8 @@ Options (all off except ``prefix``; what is off costs nothing and imports nothin
     collective. Turns the recorder on.
 
 With the recorder on, PyTorch's Flight Recorder is turned on too where a GPU is visible
-(``flight_recorder_env``: its dumps in the output directory; variables you set yourself win, ``TORCH_FR_BUFFER_SIZE=0`` keeps it
-off): the recorder reads exact CUDA completion states from it.
+(``flight_recorder_env``: its dumps in the output directory; variables you set yourself win,
+``TORCH_FR_BUFFER_SIZE=0`` keeps it off): the recorder reads exact CUDA completion states from it.
 
 The recorder, watchdog and tracer modules are imported only when asked for; a helper that cannot
 be imported or started (an ImportError, a tracer already running, an unwritable directory) is left
@@ -91,9 +91,10 @@ def flight_recorder_env(out_dir: str) -> None:
     is visible), its dumps into ``out_dir``; variables already set win (``TORCH_FR_BUFFER_SIZE=0``
     keeps it off).
 
-    It records each collective in C++ (about 1-3 us per call on 2 x H200 NCCL, docs/gpu.md) and
-    tracks completion from the backend's own events: the recorder then samples its CUDA events
-    and takes exact states from it at a dump, and NCCL dumps it on a timeout."""
+    It records each collective in C++ (across jobs +0.5 to +7 us per small call on 2 x H200
+    NCCL, docs/gpu.md) and tracks completion from the backend's own events: the recorder takes
+    exact states from it at a dump for the calls its own spaced CUDA events leave open, and NCCL
+    dumps it on a timeout."""
     env = os.environ
     if gpus_visible():  # on gloo it tracks no completion and costs ~1.2 us a call for nothing
         env.setdefault("TORCH_FR_BUFFER_SIZE", "20000")
