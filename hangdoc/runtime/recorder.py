@@ -295,10 +295,10 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         # After a pause on this stream, an event before this call's launch marks the end of the
         # previous burst: its last calls are then seen completed exactly (see _track_cuda).
         *(["        if _stream is not None:",
-           "            _tm = _r._times.get(_stream)",
+           "            _tm = _r._streams.get(_stream)",
            "            try:",
-           f"                if _tm is not None and _tm[2] and _t0 - _tm[0] >= {min(_EVENT_GAP, _IDLE_AFTER)!r}:",
-           "                    _r._close_burst(_first, _tm, _t0)",
+           f"                if _tm is not None and _t0 - _tm.last_call >= {min(_EVENT_GAP, _IDLE_AFTER)!r} and _tm.n != _tm.marked_n:",
+           "                    _r._close_burst(_tm, _t0)",
            "            except Exception as _e:",
            "                _report(_e)"] if not spec.always_async else []),
         "        try:",
@@ -309,16 +309,16 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
         "                _r._complete(_rec, 'failed')",
         "            raise",
         # A synchronous call on CUDA tensors is queued on its stream, not done: _track_cuda. The
-        # common case is inlined: one append, no CUDA call (an event is due at most once per
+        # common case is inlined: three stores, no CUDA call (an event is due at most once per
         # HANGDOC_CUDA_EVENT_GAP_MS on a stream, see _track_cuda).
         *(["        if _stream is not None:",
            "            try:",
-           f"                if _tm is None or _t0 - _tm[1] >= {_EVENT_GAP!r}:",
+           f"                if _tm is None or _t0 - _tm.last_event >= {_EVENT_GAP!r}:",
            "                    _r._track_cuda(_rec, _first, _t0)",
            "                else:",
-           "                    _tm[3].append(_rec)",
-           "                    _tm[0] = _t0",
-           "                    _tm[2] = True",
+           "                    _tm.last = _rec",
+           "                    _tm.n += 1",
+           "                    _tm.last_call = _t0",
            "            except Exception as _e:",
            "                _report(_e)",
            "            return _result"] if not spec.always_async else []),
@@ -359,6 +359,27 @@ def _dtype_name(dt: Any) -> str:
     return name
 
 
+class _StreamState:
+    """One CUDA stream's completion state (see Recorder._track_cuda). Written by the job's thread
+    (the calls) and by sweeps under the recorder's sweep lock (the watermark)."""
+
+    __slots__ = ("obj", "last", "n", "last_call", "last_event", "marked_n", "marks", "done_n", "history")
+
+    def __init__(self, obj: Any, capacity: int):
+        self.obj = obj  # the torch stream: records events, answers idle queries
+        self.last: Optional[tuple] = None  # the last call launched on it
+        self.n = 0  # calls launched on it
+        self.last_call = float("-inf")  # time issued of the last call
+        self.last_event = float("-inf")  # time of its last event
+        self.marked_n = 0  # n when the last event was recorded or the stream was found idle
+        # (marker, last call launched before it, n then), oldest first; popped when done
+        self.marks: collections.deque = collections.deque()
+        self.done_n = 0  # calls seen completed (the watermark)
+        # (last call of a completed batch, time seen completed), oldest first: one entry per
+        # batch, never more than the records a ring buffer holds
+        self.history: collections.deque = collections.deque(maxlen=capacity)
+
+
 class Recorder:
     """The ring buffer of one process's calls, and its dumps.
 
@@ -378,15 +399,11 @@ class Recorder:
         # id(Work) -> (Work, [records]) for async calls not yet seen completed. The strong reference
         # keeps the id from being reused; entries go as soon as completion is observed.
         self._works: Dict[int, Tuple[Any, List[list]]] = {}
-        # CUDA completion without a sync: per stream, (event or None, record) in issue order (see
-        # _track_cuda). Events are pooled for reuse.
-        self._events: Dict[str, collections.deque] = {}
+        # CUDA completion without a sync: per stream name, its _StreamState (see _track_cuda).
+        # Events are pooled for reuse.
+        self._streams: Dict[str, _StreamState] = {}
         self._event_pool: List[Any] = []
-        self._stream_objs: Dict[str, Any] = {}  # stream name -> stream object, for idle checks
         self._sweep_lock = threading.Lock()
-        # per stream name: [time of its last call, time of its last event, records queued after
-        # it, its queue (the same deque as in _events)]
-        self._times: Dict[str, List[Any]] = {}
         self._sweep_at = _SWEEP_MIN
         self._works_sweep_at = 256  # the same for async Work objects (see _finish)
         # a query thread still inside a CUDA/backend call (see _bounded): no new one meanwhile
@@ -410,12 +427,12 @@ class Recorder:
     def pending(self) -> List[Any]:
         """Records issued but not (yet) seen completed, oldest first."""
         self._bounded(self._sweep)
-        return [self._materialise(r) for r in list(self._buf) if r[_STATE] == "issued"]
+        return [self._materialise(r) for r in self._resolved() if r[_STATE] == "issued"]
 
     def records(self) -> List[Any]:
         """A snapshot of the buffer as :class:`~hangdoc.model.CollectiveRecord` objects."""
         self._bounded(self._sweep)
-        return [self._materialise(r) for r in list(self._buf)]
+        return [self._materialise(r) for r in self._resolved()]
 
     def _bounded(self, fn: Callable[[], Any], timeout: float = 1.0) -> Any:
         """``fn()`` (a sweep, a Flight Recorder read), but never blocking the caller for long.
@@ -427,7 +444,7 @@ class Recorder:
         ``timeout``: if it is stuck, the caller goes on with the states known so far, and no new
         query thread starts until the stuck one returns. None when it did not finish.
         """
-        if not self._events:  # no CUDA queue: CPU Work objects and bookkeeping only, inline
+        if not self._streams:  # no CUDA stream: CPU Work objects and bookkeeping only, inline
             return fn()
         with self._query_lock:
             if self._query_busy:
@@ -487,105 +504,94 @@ class Recorder:
                     # deprecated and warn, so success is not asked here.
                     for rec in entry[1]:
                         self._complete(rec)
-            for key, entries in list(self._events.items()):
+            for st in list(self._streams.values()):
                 # No tail event here: recording one off the job's thread blocked in
                 # cuEventRecord on 2 x H200 while the job's thread spun in cuLaunchKernel behind
                 # a hung NCCL kernel. The newest records without an event complete when the
                 # stream is idle, or from Flight Recorder (where on) at a dump.
-                if entries and self._sweep_idle(key, entries):
-                    continue
-                self._sweep_stream(entries)
+                if st.n != st.done_n and not self._sweep_idle(st):
+                    self._sweep_stream(st)
         except Exception as e:  # a torn-down process group must not break the watchdog
             _report(e)
 
-    def _sweep_idle(self, key: str, entries: collections.deque) -> bool:
+    def _sweep_idle(self, st: "_StreamState") -> bool:
         """A stream with nothing left to run (``cudaStreamQuery``, non-blocking) has completed every
-        record queued on it so far: exact at once, no event needed. True when that emptied it."""
-        stream = self._stream_objs.get(key)
-        query = getattr(stream, "query", None)
+        call launched on it so far: exact at once, no event needed. True when it was idle."""
+        query = getattr(st.obj, "query", None)
         if query is None or not self._sweep_lock.acquire(False):
             return False
         try:
-            n = len(entries)  # appended before the query = launched before it
+            last, n = st.last, st.n  # launched before the query (the job's thread may add more)
             if not query():
                 return False
-            self._pop_done(entries, n)
-            return not entries
+            marks = st.marks
+            while marks and marks[0][2] <= n:
+                self._pool(marks.popleft()[0])
+            self._advance(st, last, n)
+            return True
         finally:
             self._sweep_lock.release()
 
-    def _pop_done(self, entries: collections.deque, n: int) -> None:
-        """The oldest ``n`` entries are done: complete their records, pool their events."""
-        done = [entries.popleft() for _ in range(n)]
-        pool = self._event_pool
-        recs = []
-        for x in done:
-            if type(x) is tuple:
-                recs.append(x)
-            elif type(x) is _Event[0] and len(pool) < 1024:
-                pool.append(x)
-        self._complete_many(recs)
+    def _advance(self, st: "_StreamState", last: tuple, n: int) -> None:
+        """Every call on ``st`` up to ``last`` (the ``n``-th) is done: the stream's watermark moves.
+        No record is touched: their states are read off the watermarks when the buffer is
+        (``_resolved``), so completing a batch costs the same for 1 call or 10,000."""
+        if n <= st.done_n:
+            return
+        t1 = time.time()
+        st.history.append((last, t1))
+        self._progress += n - st.done_n
+        st.done_n = n
+        self._last_t1 = t1
 
-    def _sweep_stream(self, entries: collections.deque) -> None:
+    def _pool(self, marker: Any) -> None:
+        if type(marker) is _Event[0] and len(self._event_pool) < 1024:
+            self._event_pool.append(marker)
+
+    def _sweep_stream(self, st: "_StreamState") -> None:
         # The watchdog's thread and the caller's may both sweep: one at a time, the other skips.
         if not self._sweep_lock.acquire(False):
             return
         try:
-            self._sweep_stream_locked(entries)
+            self._sweep_stream_locked(st)
         finally:
             self._sweep_lock.release()
 
-    def _sweep_stream_locked(self, entries: collections.deque) -> None:
-        # ``entries`` holds records (tuples) and, after some of them, completion markers (CUDA
-        # events or Work objects) in stream order. In-order completion: binary-search the newest
+    def _sweep_stream_locked(self, st: "_StreamState") -> None:
+        # ``st.marks`` holds completion markers (CUDA events or Work objects), each with the last
+        # call launched before it, in stream order. In-order completion: binary-search the newest
         # completed marker (O(log n) queries), after asking the newest one first: a GPU keeping
         # up has finished everything (one query).
-        items = list(entries)  # the caller's thread may append meanwhile: a snapshot
-        marks = [i for i, x in enumerate(items) if type(x) is not tuple]
+        marks = list(st.marks)  # the caller's thread may append meanwhile: a snapshot
         lo, hi = 0, len(marks)  # marks[:lo] known complete, marks[hi:] known incomplete
         if hi:
-            m = items[marks[-1]]
+            m = marks[-1][0]
             if (m.query() if type(m) is _Event[0] else m.is_completed()):
                 lo = hi
             else:
                 hi -= 1
         while lo < hi:
             mid = (lo + hi) // 2
-            m = items[marks[mid]]
+            m = marks[mid][0]
             if (m.query() if type(m) is _Event[0] else m.is_completed()):
                 lo = mid + 1
             else:
                 hi = mid
         if lo:
-            self._pop_done(entries, marks[lo - 1] + 1)
-
-    def _complete_many(self, recs: List[tuple]) -> None:
-        """Complete a batch in one backward pass over the buffer (they are recent, in order)."""
-        todo = {id(r): r for r in recs if r[_STATE] == "issued"}
-        if not todo:
-            return
-        t1 = time.time()
-        buf = self._buf
-        n = len(buf)
-        found = 0
-        for i in range(n - 1, max(-1, n - 50_000), -1):
-            r = buf[i]
-            if todo.get(id(r)) is r:
-                buf[i] = r[:_T1] + (t1, "completed")
-                found += 1
-                if found == len(todo):
-                    break
-        self._progress += len(todo)
-        self._last_t1 = t1
+            for _ in range(lo):
+                self._pool(st.marks.popleft()[0])
+            _, last, n = marks[lo - 1]
+            self._advance(st, last, n)
 
     def _track_cuda(self, rec: tuple, stream: Tuple[str, Any], t0: float) -> None:
         """A synchronous call on CUDA tensors returned: it is queued on ``stream``, not done.
 
-        Per stream, a queue of records in issue order with CUDA events (pooled) among them. Work on
-        one stream runs in order, so a completed event completes every record queued before it,
-        and a stream found idle (``_sweep``: the watchdog's poll, ``pending()``, ``dump()``)
-        completes its whole queue without asking an event. No sync is ever added, and no event is
-        recorded off the job's thread.
+        Per stream (``_StreamState``): the last call launched and how many, and CUDA events
+        (pooled) recorded after some of them. Work on one stream runs in order, so a completed
+        event completes every call launched before it, and a stream found idle (``_sweep``: the
+        watchdog's poll, ``pending()``, ``dump()``) completes every call launched so far without
+        asking an event. Completion moves the stream's watermark; no record is rewritten. No sync
+        is ever added, and no event is recorded off the job's thread.
 
         Where events go (``_EVENT_GAP``, HANGDOC_CUDA_EVENT_GAP_MS, 1 ms by default; 0 = after
         every call): after a stream's first call; after a call when the stream's last event is at
@@ -595,56 +601,52 @@ class Recorder:
         and inside a burst there is an event at most once per gap: at most one event per gap per
         stream, whatever the call rate (an event after every call cost ~9-13 µs a call in a tight
         loop of small NCCL calls on 2 x H200, docs/gpu.md). A call after a shorter pause (100 µs)
-        first asks whether the stream is idle, as it is after a host sync: then the queue
-        completes with no event. Only calls inside the last gap of a burst that hangs mid-way read
-        "issued" though they ran; Flight Recorder, where on, makes them exact at a dump.
+        first asks whether the stream is idle, as it is after a host sync: then everything
+        launched completes with no event. Only calls inside the last gap of a burst that hangs
+        mid-way read "issued" though they ran; Flight Recorder, where on, makes them exact at a
+        dump.
         """
-        tm = self._times.get(stream[0])
-        if tm is None:
-            entries = self._queue(stream)
-            tm = self._times[stream[0]] = [t0, float("-inf"), False, entries]
-        else:
-            entries = tm[3]
-        entries.append(rec)
-        tm[0] = t0
-        if t0 - tm[1] < _EVENT_GAP:
-            tm[2] = True
-            return
-        self._mark(entries, stream[1], tm, t0)
+        st = self._streams.get(stream[0])
+        if st is None:
+            st = self._stream_state(stream)
+        st.last = rec
+        st.n += 1
+        st.last_call = t0
+        if t0 - st.last_event >= _EVENT_GAP:
+            self._mark(st, t0)
 
-    def _close_burst(self, stream: Tuple[str, Any], tm: List[Any], t0: float) -> None:
-        """Before a call's launch, after a pause since the stream's previous call, with records
-        queued after the last event (the callers check both, with ``tm`` the stream's state from
-        ``_times``): a stream found idle (``cudaStreamQuery``, on the job's thread: a host sync
-        such as ``.item()`` drained it) completes them all, exactly and with no event; otherwise,
-        after a pause of a whole gap, an event marks the end of the burst before this call.
-        Pauses of ``_IDLE_AFTER`` or more only: at most one query per 100 µs."""
-        entries = tm[3]
-        if not entries or self._sweep_idle(stream[0], entries):
-            tm[2] = False
-        elif t0 - tm[0] >= _EVENT_GAP:
-            self._mark(entries, stream[1], tm, t0)
+    def _close_burst(self, st: "_StreamState", t0: float) -> None:
+        """Before a call's launch, after a pause since the stream's previous call, with calls
+        launched after the last event (the callers check both): a stream found idle
+        (``cudaStreamQuery``, on the job's thread: a host sync such as ``.item()`` drained it)
+        completes them all, exactly and with no event; otherwise, after a pause of a whole gap,
+        an event marks the end of the burst before this call. Pauses of ``_IDLE_AFTER`` or more
+        only: at most one query per 100 µs."""
+        if self._sweep_idle(st):
+            st.marked_n = st.n
+        elif t0 - st.last_call >= _EVENT_GAP:
+            self._mark(st, t0)
 
-    def _mark(self, entries: collections.deque, stream: Any, tm: List[Any], t0: float) -> None:
-        """Record a pooled event on ``stream`` after everything queued so far."""
+    def _mark(self, st: "_StreamState", t0: float) -> None:
+        """Record a pooled event on the stream after every call launched so far."""
         pool = self._event_pool
         ev = pool.pop() if len(pool) > _POOL_RESERVE else _new_event()
-        _record_event(ev, stream)
-        entries.append(ev)
-        tm[1] = t0
-        tm[2] = False
-        self._maybe_sweep(entries)
+        _record_event(ev, st.obj)
+        st.marks.append((ev, st.last, st.n))
+        st.last_event = t0
+        st.marked_n = st.n
+        self._maybe_sweep(st)
 
-    def _queue(self, stream: Tuple[str, Any], warm: bool = True) -> collections.deque:
-        """The queue of ``(name, stream object)``, made at the stream's first call (with the event
+    def _stream_state(self, stream: Tuple[str, Any], warm: bool = True) -> "_StreamState":
+        """The state of ``(name, stream object)``, made at the stream's first call (with the event
         pool warmed, unless the caller's markers are the backend's Work objects)."""
-        entries = self._events.get(stream[0])
-        if entries is None:
-            entries = self._events[stream[0]] = collections.deque()
-            self._stream_objs[stream[0]] = stream[1]
+        st = self._streams.get(stream[0])
+        if st is None:
+            st = _StreamState(stream[1], self.capacity)
             if warm:
                 self._warm_pool(stream[1])
-        return entries
+            self._streams[stream[0]] = st
+        return st
 
     def _warm_pool(self, stream: Any, n: int = 8) -> None:
         """Create a few pooled events up front, in the job's own thread (CUDA creates an event at
@@ -657,12 +659,12 @@ class Recorder:
             _record_event(ev, stream)
             self._event_pool.append(ev)
 
-    def _maybe_sweep(self, entries: collections.deque) -> None:
-        # The sweep scans the queue: sweeping again only once it doubled keeps that O(1) per call
-        # even when the CPU runs thousands of calls ahead of the GPU.
-        if len(entries) >= self._sweep_at:
-            self._sweep_stream(entries)
-            self._sweep_at = max(_SWEEP_MIN, 2 * len(entries))
+    def _maybe_sweep(self, st: "_StreamState") -> None:
+        # The sweep scans the markers: sweeping again only once they doubled keeps that O(1) per
+        # marker even when the CPU runs far ahead of the GPU; the events come back to the pool.
+        if len(st.marks) >= self._sweep_at:
+            self._sweep_stream(st)
+            self._sweep_at = max(_SWEEP_MIN, 2 * len(st.marks))
 
     def _track_cuda_work(self, rec: tuple, stream: Tuple[str, Any]) -> None:
         """The ``work`` setting: the backend's own Work for this call when c10d's Work.wait()
@@ -672,14 +674,41 @@ class Recorder:
         caught = cap[2]
         if caught is not None and caught[0] is rec:
             cap[2] = None
-            entries = self._queue(stream, warm=False)
-            entries.append(rec)
-            entries.append(caught[1])  # held Work objects keep their tensors alive: sweep often
-            self._maybe_sweep(entries)
+            st = self._stream_state(stream, warm=False)
+            st.last = rec
+            st.n += 1
+            st.last_call = st.last_event = rec[_T0]
+            st.marks.append((caught[1], rec, st.n))  # held Work objects keep their tensors alive: sweep often
+            st.marked_n = st.n
+            self._maybe_sweep(st)
             return
         if cap[0] is rec:
             cap[0] = None
         self._track_cuda(rec, stream, rec[_T0])
+
+    def _resolved(self) -> List[tuple]:
+        """The buffer, oldest first, with each queued CUDA record's state read off its stream's
+        watermarks: a record at or before a watermark is completed (at that watermark's time),
+        a newer one is issued. Records are matched by identity, newest first, so a call still
+        inside its launch (in the buffer, not yet counted) reads issued."""
+        # Watermarks first: each names a record appended to the buffer before it was made.
+        marks = {name: list(st.history) for name, st in list(self._streams.items()) if st.history}
+        buf = list(self._buf)
+        if not marks:
+            return buf
+        at = {name: len(h) for name, h in marks.items()}  # index of the batch being walked; len: newer than all
+        for i in range(len(buf) - 1, -1, -1):
+            r = buf[i]
+            h = marks.get(r[_STREAM])
+            if h is None or r[_ASYNC]:
+                continue
+            name = r[_STREAM]
+            k = at[name]
+            if k and r is h[k - 1][0]:
+                k = at[name] = k - 1
+            if k < len(h) and r[_STATE] == "issued":
+                buf[i] = r[:_T1] + (h[k][1], "completed")
+        return buf
 
     # -- output --------------------------------------------------------------------------------
     def _materialise(self, r: list) -> Any:
@@ -1022,9 +1051,10 @@ _STREAMS: Dict[tuple, Tuple[str, Any]] = {}
 _CUR_STREAM: List[Callable[[int], tuple]] = [lambda device: ()]
 _new_event: Callable[[], Any] = lambda: None
 _record_event: Callable[[Any, Any], None] = lambda ev, stream: None
-#: Queue length (records and markers) that triggers a sweep from the caller's thread; after a
-#: sweep the next one waits until the queue doubled (one event query per sweep when the GPU keeps up).
-_SWEEP_MIN = 128
+#: Markers waiting on a stream that trigger a sweep from the caller's thread (which returns done
+#: events to the pool); after a sweep the next one waits until they doubled (one event query per
+#: sweep when the GPU keeps up). Events are at most one per gap, so this is a few ms of calls.
+_SWEEP_MIN = 4
 #: Pooled events left in the pool by the hot path (it creates new ones below that).
 _POOL_RESERVE = 2
 #: How synchronous CUDA calls are seen completed: "event" (pooled CUDA events spaced in time and
@@ -1122,10 +1152,10 @@ def _run_tracked(fn: Callable, rec: tuple, first: Any, args: tuple, kwargs: dict
     for async Work and CUDA calls (see _finish)."""
     if rec[_STREAM] is not None and not rec[_ASYNC]:
         r = _recorder
-        tm = r._times.get(rec[_STREAM]) if r is not None else None
-        if tm is not None and tm[2] and rec[_T0] - tm[0] >= min(_EVENT_GAP, _IDLE_AFTER):
+        st = r._streams.get(rec[_STREAM]) if r is not None else None
+        if st is not None and rec[_T0] - st.last_call >= min(_EVENT_GAP, _IDLE_AFTER) and st.n != st.marked_n:
             try:
-                r._close_burst(first, tm, rec[_T0])  # type: ignore[union-attr]
+                r._close_burst(st, rec[_T0])  # type: ignore[union-attr]
             except Exception as e:
                 _report(e)
         if _wait_original is not None:
