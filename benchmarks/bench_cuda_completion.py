@@ -14,6 +14,9 @@ Rounds alternate which runs first; the paired medians (same round) are what to c
 
     python benchmarks/bench_cuda_completion.py --baseline-rev 4649312 [--rounds 15] [--bursts 40] [--burst 200]
 
+Then the latency of the one call that completes a burst (200 and 10,000 calls) after a drained
+pause: the job's thread pays it once per burst.
+
 Patterns:
   drain   bursts end in a host sync: the first call after the pause finds the stream idle and
           completes the burst (the common training loop: a loss.item() per step)
@@ -83,6 +86,7 @@ def _prepare(mod, clock):
     mod._new_event = _Event
     mod._record_event = _record_event
     mod._time = clock
+    mod._cuda_built = lambda: True  # a CUDA torch: the wrappers ask an exact torch.Tensor is_cuda
 
 
 def _wrapped(mod):
@@ -115,11 +119,39 @@ def _loop(mod, t, pattern: str, bursts: int, burst: int, clock) -> float:
     states = {}
     for r in rec.records():
         states[r.state] = states.get(r.state, 0) + 1
+    if not rec._streams if hasattr(rec, "_streams") else not rec._events:
+        raise SystemExit(f"{mod.__name__}: the calls did not take the CUDA path")
     mod.disable()
     n = bursts * burst
     if pattern == "drain" and states.get("completed") != n:
         raise SystemExit(f"{mod.__name__}: {states} after a drained stream, expected {n} completed")
     return dt / n * 1e6
+
+
+def _burst_end(mod, t, burst: int, clock, bursts: int = 15) -> float:
+    """µs of the one call after a drained pause that completes a whole burst before its launch
+    (it asks the stream, finds it idle and completes what the burst queued): the job's thread
+    pays this once per burst. Median over ``bursts`` bursts of one recorder."""
+    rec = mod.enable(capacity=100_000)
+    mod._Tensor[0] = type(t)
+    fn = _wrapped(mod)
+    _GPU.launched = _GPU.ran = 0
+    _GPU.idle_when_asked = True
+    times = []
+    for _ in range(bursts):
+        for _ in range(burst):
+            clock.now += 30e-6
+            fn(t)
+        clock.now += 2e-3
+        _GPU.ran = _GPU.launched  # the host sync
+        t0 = time.perf_counter()
+        fn(t)
+        times.append(time.perf_counter() - t0)
+    pending = len(rec.pending())
+    mod.disable()
+    if pending != 1:
+        raise SystemExit(f"{mod.__name__}: {pending} pending after the last burst's end, expected 1")
+    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -181,6 +213,11 @@ def main() -> int:
         print(f"  {pattern:6s}: current {statistics.median(cur):6.3f} µs/call, {names[1]} {statistics.median(base):6.3f} "
               f"µs/call; paired difference median {q[1]:+.3f} µs/call (quartiles {q[0]:+.3f} .. {q[2]:+.3f}), "
               f"ratio {ratio:.3f}")
+    for burst in (200, 10_000):
+        cur = _burst_end(current, t, burst, clock)
+        base = _burst_end(baseline, t, burst, clock)
+        print(f"  the call that completes a burst of {burst:>6}: current {cur:8.1f} µs, {names[1]} {base:8.1f} µs "
+              f"(median of 15 bursts)")
     dist.destroy_process_group()
     if args.baseline_rev:
         os.unlink(base_path)
