@@ -180,6 +180,26 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
         "off, gc disabled": gc_off,
         "on, gc disabled": on_gc_off,
     }
+    # HANGDOC_BENCH_BASELINE=path/to/recorder.py: an earlier revision's recorder, loaded as a second
+    # module, as one more setting (e.g. git show 4649312:hangdoc/runtime/recorder.py > base.py)
+    base_file = os.environ.get("HANGDOC_BENCH_BASELINE")
+    if base_file:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("hangdoc.runtime._baseline_recorder", base_file)
+        base = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = base
+        spec.loader.exec_module(base)
+
+        def baseline():
+            base.enable(capacity=100_000)
+            return base.disable
+
+        settings[f"baseline ({os.path.basename(base_file)})"] = baseline
+    # HANGDOC_BENCH_ONLY="on (default|baseline": the settings whose names start so ("off" always runs)
+    only = [p.strip() for p in os.environ.get("HANGDOC_BENCH_ONLY", "").split("|") if p.strip()]
+    if only:
+        settings = {k: v for k, v in settings.items() if k == "off" or any(k.startswith(p) for p in only)}
     names = list(settings)
     times = {n: [] for n in names}
     for r in range(rounds):

@@ -212,7 +212,8 @@ def test_run2_stream_misplacement_completion_state():
 # stream, one before a call after a pause, and an idle stream completing its queue with no event.
 RUN3 = os.path.join(RUN1, "hangdoc-run3")
 RUN5 = os.path.join(RUN1, "hangdoc-run5-gap")
-EXACT_RUNS = pytest.mark.parametrize("run", [RUN3, RUN5], ids=["run3-event-per-call", "run5-gap"])
+RUN6 = os.path.join(RUN1, "hangdoc-run6-watermark")
+EXACT_RUNS = pytest.mark.parametrize("run", [RUN3, RUN5, RUN6], ids=["run3-event-per-call", "run5-gap", "run6-watermark"])
 
 
 def blocked_in(scenario, run=RUN3):

@@ -6,6 +6,9 @@
 #   fidelity  examples/gpu/recorder_fidelity.py: issued vs completed on NCCL, no sync added
 #   recorder  benchmarks/bench_recorder.py --cuda: recorder off/on alternating in one process
 #   variants  benchmarks/bench_recorder.py --cuda --variants: the recorder on in reduced forms
+#             (HANGDOC_BENCH_ONLY picks some, HANGDOC_BENCH_BASELINE adds an earlier recorder.py)
+#   completion benchmarks/bench_cuda_completion.py: the CUDA bookkeeping with stand-ins, this
+#             checkout vs BASELINE_FILE (an earlier recorder.py), on this host's CPU
 #   ddp       benchmarks/bench_ddp_hook.py --cuda: DDP step, builtin vs hangdoc's recording hook
 #   captures  the four NCCL hangs through hangdoc (records, watchdog stacks, py-spy, Flight Recorder)
 #   bench     benchmarks/bench_gpu_overhead.py: none / Flight Recorder / hangdoc / both
@@ -67,6 +70,12 @@ if has variants; then
     timeout 150 python3 benchmarks/bench_recorder.py --cuda --world 2 --calls "${CALLS:-3000}" --rounds "${VROUNDS:-11}" --variants --size "$size" 2>&1 | tee -a "$OUT/variants.log"
     echo "variants rc ${PIPESTATUS[0]}"
   done
+fi
+if has completion; then
+  echo "== completion bookkeeping $(date +%T)"
+  timeout 150 python3 benchmarks/bench_cuda_completion.py --baseline-file "${BASELINE_FILE:?BASELINE_FILE: an earlier recorder.py}" \
+    --rounds "${CROUNDS:-15}" 2>&1 | tee "$OUT/completion.log"
+  echo "completion rc ${PIPESTATUS[0]}"
 fi
 if has ddp; then
   echo "== ddp hook $(date +%T)"

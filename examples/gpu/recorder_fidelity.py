@@ -61,7 +61,7 @@ def check(label, issue):
     print(json.dumps({"check": label, "mode": recorder._CUDA_COMPLETION, "ok": good, "issue_s": round(issue_s, 4),
                       "pending_after_issue": before, "pending_after_sync": after, "state": last.state,
                       "stream": last.stream,
-                      "marker": sorted({type(m).__name__ for q in rec._events.values() for m in q if type(m) is not tuple})}), flush=True)
+                      "marker": sorted({type(m[0]).__name__ for st in rec._streams.values() for m in st.marks})}), flush=True)
 
 
 check("default stream", lambda: dist.all_reduce(x))
