@@ -218,6 +218,42 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
             d = [a - b for a, b in zip(times[name], times["off"])]
             print(f"  {name:34s} median {statistics.median(times[name]):7.2f} µs/call   "
                   f"vs off in the same round: median {statistics.median(d):+6.2f}, min {min(d):+6.2f}")
+    if t.is_cuda:
+        _count_cuda_calls(recorder, dist, t, calls, rank)
+
+
+def _count_cuda_calls(recorder, dist, t, calls: int, rank: int) -> None:
+    """How often the CUDA bookkeeping's slow paths run in one loop of this benchmark (pauses of
+    100 µs or more, idle queries and their answers, events): every rank runs the loop, rank 0
+    prints. On 2 x H200 (4 KB all_reduce, 3000 calls) they were 2-3 pauses and ~76 events, so
+    neither can account for µs per call (docs/gpu.md)."""
+    R = recorder.Recorder
+    counts = {"pauses >= 100 us": 0, "idle queries": 0, "found idle": 0, "events": 0}
+    saved = (R._close_burst, R._sweep_idle, R._mark)
+
+    def close_burst(self, st, t0, _f=saved[0]):
+        counts["pauses >= 100 us"] += 1
+        return _f(self, st, t0)
+
+    def sweep_idle(self, st, _f=saved[1]):
+        counts["idle queries"] += 1
+        idle = _f(self, st)
+        counts["found idle"] += bool(idle)
+        return idle
+
+    def mark(self, st, t0, _f=saved[2]):
+        counts["events"] += 1
+        return _f(self, st, t0)
+
+    R._close_burst, R._sweep_idle, R._mark = close_burst, sweep_idle, mark
+    recorder.enable(capacity=100_000)
+    try:
+        us = _loop_module(dist, t, calls)
+    finally:
+        recorder.disable()
+        R._close_burst, R._sweep_idle, R._mark = saved
+    if rank == 0:
+        print(f"  slow paths in {calls} calls ({us:.2f} µs/call): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
 def _cuda_parts(t, n: int) -> None:
