@@ -163,6 +163,10 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
             return undo
         return setup
 
+    def small_ring():  # the same recording into a ring of 64 records: a footprint that stays in cache
+        recorder.enable(capacity=64)
+        return recorder.disable
+
     def on_gc_off():
         undo_gc, undo_on = gc_off(), on()()
         return lambda: (undo_on(), undo_gc())
@@ -176,6 +180,7 @@ def _variants(recorder, dist, t, calls: int, rounds: int, rank: int) -> None:
         "on, idle queries after 1 ms only": on(_IDLE_AFTER=1.0),
         "on, no events, no idle queries": on(gap_ms=10 ** 12, _IDLE_AFTER=10.0 ** 12),
         "on, CPU path (no CUDA queue)": on(_cuda_built=lambda: False),
+        "on, a ring of 64 records": small_ring,
         "wrapper layer only (no record)": on(_group_info=lambda group: None),
         "off, gc disabled": gc_off,
         "on, gc disabled": on_gc_off,
