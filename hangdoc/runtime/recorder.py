@@ -40,8 +40,9 @@ __all__ = ["enable", "disable", "get", "phase", "Recorder", "intercepted"]
 # Record layout: a plain tuple per call, materialised into CollectiveRecord only when someone asks
 # (records(), dump()). Tuples of ints, strings, code objects and dtypes are untracked by the garbage
 # collector after their first collection, so a full ring buffer costs the GC nothing; a list (or a
-# torch.Size) per record would make every full collection walk 100,000 of them. Completion replaces
-# the tuple in place (deque[-1] = ... for the common case: O(1)).
+# torch.Size) per record would make every full collection walk 100,000 of them. Completion of a
+# host-synchronous call replaces the tuple in place (deque[-1] = ... for the common case: O(1)); a
+# CUDA call's record is never rewritten: its stream's watermark says (Recorder._resolved).
 _SEQ, _OP, _GROUP, _SHAPES, _DTYPES, _ROOT, _PEER, _ASYNC, _SITE, _STREAM, _PHASE, _T0, _T1, _STATE = range(14)
 
 # Parameters that carry the tensors whose shapes must agree across ranks, in order of preference.
