@@ -8,6 +8,8 @@ whether what the recorder adds is CPU work on the calling thread (its own code, 
 path running slower next to it), work on other threads, or waiting (wall time beyond CPU time).
 
     python benchmarks/nccl_loop_cpu.py [--calls 3000] [--rounds 21] [--size 1024]
+    python benchmarks/nccl_loop_cpu.py --interleave   (the unwrapped call, then the recorder around
+        a no-op: if that costs what a recorded call does, the recorder's own code is what slows)
     HANGDOC_BENCH_GLOO=1 python benchmarks/nccl_loop_cpu.py --rounds 3   (the plumbing, on CPU)
 """
 
@@ -21,7 +23,7 @@ import sys
 import time
 
 
-def worker(calls: int, rounds: int, size: int) -> None:
+def worker(calls: int, rounds: int, size: int, interleave: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -41,25 +43,47 @@ def worker(calls: int, rounds: int, size: int) -> None:
     for _ in range(1000):
         dist.all_reduce(t)
     sync()
+    raw = dist.all_reduce
+
+    def noop(tensor, op=None, group=None, async_op=False):
+        return None
+
     res = {"off": [], "on": []}
     for r in range(rounds):
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
             if mode == "on":
                 recorder.enable(capacity=100_000)
+            # --interleave: the unwrapped call, then a no-op (off) or the recorder around a no-op (on)
+            extra = noop
+            if interleave and mode == "on":
+                extra = recorder._wrap(noop, recorder._Spec("all_reduce", ["tensor", "op", "group", "async_op"]))
             dist.barrier()
             sync()
             w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-            for _ in range(calls):
-                dist.all_reduce(t)
+            inside = 0.0
+            if interleave:  # also the calling thread's CPU inside the second call alone
+                tt = time.thread_time
+                for _ in range(calls):
+                    raw(t)
+                    a = tt()
+                    extra(t)
+                    inside += tt() - a
+            else:
+                for _ in range(calls):
+                    dist.all_reduce(t)
             sync()
             w1, c1, p1 = time.perf_counter(), time.thread_time(), time.process_time()
             if mode == "on":
                 recorder.disable()
-            res[mode].append(((w1 - w0) / calls * 1e6, (c1 - c0) / calls * 1e6, (p1 - p0 - (c1 - c0)) / calls * 1e6))
+            res[mode].append(((w1 - w0) / calls * 1e6, (c1 - c0) / calls * 1e6, (p1 - p0 - (c1 - c0)) / calls * 1e6,
+                              inside / calls * 1e6))
     if local == 0:
-        print(f"all_reduce([{size}] float32), {rounds} rounds x {calls} calls, rank 0, µs per call "
+        print(("interleaved: the unwrapped all_reduce, then the recorder around a no-op (on) or a no-op (off); "
+               if interleave else "") +
+              f"all_reduce([{size}] float32), {rounds} rounds x {calls} calls, rank 0, µs per call "
               f"(median; on - off paired in the same round):")
-        for i, name in enumerate(("wall", "calling thread CPU", "other threads CPU")):
+        names = ("wall", "calling thread CPU", "other threads CPU") + (("CPU in the 2nd call",) if interleave else ())
+        for i, name in enumerate(names):
             off = statistics.median(x[i] for x in res["off"])
             on = statistics.median(x[i] for x in res["on"])
             d = sorted(b[i] - a[i] for a, b in zip(res["off"], res["on"]))
@@ -74,14 +98,16 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--size", type=int, default=1024, help="float32 elements (1024: 4 KB)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="unwrapped all_reduce, then the recorder around a no-op: which side slows down")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.calls, args.rounds, args.size)
+        worker(args.calls, args.rounds, args.size, args.interleave)
         return 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(29700 + os.getpid() % 200), os.path.abspath(__file__), "--worker", "--calls", str(args.calls),
-           "--rounds", str(args.rounds), "--size", str(args.size)]
+           "--rounds", str(args.rounds), "--size", str(args.size)] + (["--interleave"] if args.interleave else [])
     return subprocess.run(cmd, timeout=600).returncode
 
 
