@@ -174,3 +174,20 @@ def test_a_batch_of_ten_thousand_completes_without_touching_a_record(fake_cuda):
     rec_._sweep()
     assert all(a is b for a, b in zip(calls, rec_._buf)) and rec_._progress == 10_000
     assert collections.Counter(r[R._STATE] for r in rec_._resolved()) == {"completed": 10_000}
+
+
+def test_the_watermark_history_keeps_no_evicted_record_alive(fake_cuda):
+    # A ring of 8 records, the GPU catching up every 4th call: each completion covers 4 calls,
+    # so 8 batches would span 32 calls. The history names only records still in the ring, so it
+    # holds no evicted record alive.
+    gpu, stream = fake_cuda
+    rec_ = R.Recorder(capacity=8)
+    for i in range(200):
+        _call(rec_, gpu, stream, i, 1000.0 + i * 0.002)  # 2 ms apart: an event after each
+        if i % 4 == 3:
+            gpu.ran = gpu.launched
+            rec_._sweep()
+    st = rec_._streams["stream7"]
+    in_ring = {id(r) for r in rec_._buf}
+    assert len(st.history) >= 2 and all(id(last) in in_ring for last, _ in st.history)
+    assert [r[R._STATE] for r in rec_._resolved()] == ["completed"] * 8 and rec_._progress == 200

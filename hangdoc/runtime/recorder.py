@@ -316,7 +316,7 @@ def _make_fast_wrapper(fn: Callable, spec: "_Spec") -> Optional[Callable]:
            "            try:",
            f"                if _tm is None or _t0 - _tm.last_event >= {_EVENT_GAP!r}:",
            "                    _r._track_cuda(_rec, _first, _t0)",
-           "                else:",
+           "                else:  # _tm.launched(_rec, _t0), inlined",
            "                    _tm.last = _rec",
            "                    _tm.n += 1",
            "                    _tm.last_call = _t0",
@@ -364,7 +364,7 @@ class _StreamState:
     """One CUDA stream's completion state (see Recorder._track_cuda). Written by the job's thread
     (the calls) and by sweeps under the recorder's sweep lock (the watermark)."""
 
-    __slots__ = ("obj", "last", "n", "last_call", "last_event", "marked_n", "marks", "done_n", "history")
+    __slots__ = ("obj", "last", "n", "last_call", "last_event", "marked_n", "marks", "sweep_at", "done_n", "history")
 
     def __init__(self, obj: Any, capacity: int):
         self.obj = obj  # the torch stream: records events, answers idle queries
@@ -375,10 +375,18 @@ class _StreamState:
         self.marked_n = 0  # n when the last event was recorded or the stream was found idle
         # (marker, last call launched before it, n then), oldest first; popped when done
         self.marks: collections.deque = collections.deque()
+        self.sweep_at = _SWEEP_MIN  # markers that trigger the next sweep from the job's thread
         self.done_n = 0  # calls seen completed (the watermark)
         # (last call of a completed batch, time seen completed), oldest first: one entry per
-        # batch, never more than the records a ring buffer holds
+        # batch, and only while its record is still in the ring buffer (Recorder._advance)
         self.history: collections.deque = collections.deque(maxlen=capacity)
+
+    def launched(self, rec: tuple, t0: float) -> None:
+        """A synchronous call on this stream returned (its kernels are queued). The generated
+        wrappers inline these three stores."""
+        self.last = rec
+        self.n += 1
+        self.last_call = t0
 
 
 class Recorder:
@@ -405,8 +413,7 @@ class Recorder:
         self._streams: Dict[str, _StreamState] = {}
         self._event_pool: List[Any] = []
         self._sweep_lock = threading.Lock()
-        self._sweep_at = _SWEEP_MIN
-        self._works_sweep_at = 256  # the same for async Work objects (see _finish)
+        self._works_sweep_at = 256  # pending async Works that trigger a sweep (see _finish)
         # a query thread still inside a CUDA/backend call (see _bounded): no new one meanwhile
         self._query_busy = False
         self._query_lock = threading.Lock()
@@ -540,7 +547,15 @@ class Recorder:
         if n <= st.done_n:
             return
         t1 = time.time()
-        st.history.append((last, t1))
+        history = st.history
+        history.append((last, t1))
+        # A batch whose last call has left the ring buffer matches no record any more (the calls
+        # still there are all newer): drop it, so the history keeps no evicted record alive.
+        buf = self._buf
+        if buf:
+            oldest = buf[0][_T0]
+            while len(history) > 1 and history[0][0][_T0] < oldest:
+                history.popleft()
         self._progress += n - st.done_n
         st.done_n = n
         self._last_t1 = t1
@@ -610,9 +625,7 @@ class Recorder:
         st = self._streams.get(stream[0])
         if st is None:
             st = self._stream_state(stream)
-        st.last = rec
-        st.n += 1
-        st.last_call = t0
+        st.launched(rec, t0)
         if t0 - st.last_event >= _EVENT_GAP:
             self._mark(st, t0)
 
@@ -663,9 +676,9 @@ class Recorder:
     def _maybe_sweep(self, st: "_StreamState") -> None:
         # The sweep scans the markers: sweeping again only once they doubled keeps that O(1) per
         # marker even when the CPU runs far ahead of the GPU; the events come back to the pool.
-        if len(st.marks) >= self._sweep_at:
+        if len(st.marks) >= st.sweep_at:
             self._sweep_stream(st)
-            self._sweep_at = max(_SWEEP_MIN, 2 * len(st.marks))
+            st.sweep_at = max(_SWEEP_MIN, 2 * len(st.marks))
 
     def _track_cuda_work(self, rec: tuple, stream: Tuple[str, Any]) -> None:
         """The ``work`` setting: the backend's own Work for this call when c10d's Work.wait()
@@ -676,9 +689,8 @@ class Recorder:
         if caught is not None and caught[0] is rec:
             cap[2] = None
             st = self._stream_state(stream, warm=False)
-            st.last = rec
-            st.n += 1
-            st.last_call = st.last_event = rec[_T0]
+            st.launched(rec, rec[_T0])
+            st.last_event = rec[_T0]
             st.marks.append((caught[1], rec, st.n))  # held Work objects keep their tensors alive: sweep often
             st.marked_n = st.n
             self._maybe_sweep(st)
