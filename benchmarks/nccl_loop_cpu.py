@@ -10,12 +10,17 @@ path running slower next to it), work on other threads, or waiting (wall time be
     python benchmarks/nccl_loop_cpu.py [--calls 3000] [--rounds 21] [--size 1024]
     python benchmarks/nccl_loop_cpu.py --interleave   (the unwrapped call, then the recorder around
         a no-op: if that costs what a recorded call does, the recorder's own code is what slows)
+    python benchmarks/nccl_loop_cpu.py --floor   (the unwrapped call, then one of: a no-op, a
+        pass-through Python wrapper around it, the least any Python-level recorder must do around it
+        (caller's frame, shape, dtype, device, current stream, autograd task, clock, one tuple into a
+        ring), the recorder around it: each priced inside the NCCL loop, where caches are cold)
     HANGDOC_BENCH_GLOO=1 python benchmarks/nccl_loop_cpu.py --rounds 3   (the plumbing, on CPU)
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import subprocess
@@ -23,7 +28,32 @@ import sys
 import time
 
 
-def worker(calls: int, rounds: int, size: int, interleave: bool = False) -> None:
+def floor_hook(noop):  # type: ignore[no-untyped-def]
+    """The least a recorder at the Python level must do per call, around ``noop``: no group
+    lookup, no sequence number, no completion tracking, no error handling."""
+    import torch
+
+    getframe, clock, ring = sys._getframe, time.time, collections.deque(maxlen=100_000)
+    cur = getattr(torch._C, "_cuda_getCurrentStream", None)
+    task = torch._C._current_graph_task_id
+
+    def hook(tensor, op=None, group=None, async_op=False):
+        f = getframe(1)
+        stream = cur(tensor.get_device()) if tensor.is_cuda else None
+        ring.append((f.f_code, f.f_lasti, tensor.shape, tensor.dtype, stream, task(), clock()))
+        return noop(tensor, op, group, async_op)
+
+    return hook
+
+
+def pass_through(noop):  # type: ignore[no-untyped-def]
+    def wrapper(tensor, op=None, group=None, async_op=False):
+        return noop(tensor, op, group, async_op)
+
+    return wrapper
+
+
+def worker(calls: int, rounds: int, size: int, interleave: bool = False, floor: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -48,15 +78,23 @@ def worker(calls: int, rounds: int, size: int, interleave: bool = False) -> None
     def noop(tensor, op=None, group=None, async_op=False):
         return None
 
-    res = {"off": [], "on": []}
+    modes = ("off", "pass", "floor", "on") if floor else ("off", "on")
+    interleave = interleave or floor
+    res = {m: [] for m in modes}
     for r in range(rounds):
-        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        k = r % len(modes)  # rotate which runs first, and reverse every other round
+        order = modes[k:] + modes[:k]
+        for mode in order if r % 2 == 0 else order[::-1]:
             if mode == "on":
                 recorder.enable(capacity=100_000)
             # --interleave: the unwrapped call, then a no-op (off) or the recorder around a no-op (on)
             extra = noop
             if interleave and mode == "on":
                 extra = recorder._wrap(noop, recorder._Spec("all_reduce", ["tensor", "op", "group", "async_op"]))
+            elif mode == "pass":
+                extra = pass_through(noop)
+            elif mode == "floor":
+                extra = floor_hook(noop)
             dist.barrier()
             sync()
             w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
@@ -78,17 +116,24 @@ def worker(calls: int, rounds: int, size: int, interleave: bool = False) -> None
             res[mode].append(((w1 - w0) / calls * 1e6, (c1 - c0) / calls * 1e6, (p1 - p0 - (c1 - c0)) / calls * 1e6,
                               inside / calls * 1e6))
     if local == 0:
-        print(("interleaved: the unwrapped all_reduce, then the recorder around a no-op (on) or a no-op (off); "
+        print(("interleaved: the unwrapped all_reduce, then a no-op (off), a pass-through wrapper around it "
+               "(pass), the least a Python-level recorder does around it (floor), the recorder around it (on); "
+               if floor else
+               "interleaved: the unwrapped all_reduce, then the recorder around a no-op (on) or a no-op (off); "
                if interleave else "") +
               f"all_reduce([{size}] float32), {rounds} rounds x {calls} calls, rank 0, µs per call "
               f"(median; on - off paired in the same round):")
         names = ("wall", "calling thread CPU", "other threads CPU") + (("CPU in the 2nd call",) if interleave else ())
-        for i, name in enumerate(names):
-            off = statistics.median(x[i] for x in res["off"])
-            on = statistics.median(x[i] for x in res["on"])
-            d = sorted(b[i] - a[i] for a, b in zip(res["off"], res["on"]))
-            q = statistics.quantiles(d, n=4)
-            print(f"  {name:20s} off {off:8.2f}  on {on:8.2f}  added {q[1]:+7.2f} (quartiles {q[0]:+.2f} .. {q[2]:+.2f})")
+        for mode in modes[1:]:
+            if len(modes) > 2:
+                print(f" {mode}:")
+            for i, name in enumerate(names):
+                off = statistics.median(x[i] for x in res["off"])
+                on = statistics.median(x[i] for x in res[mode])
+                d = sorted(b[i] - a[i] for a, b in zip(res["off"], res[mode]))
+                q = statistics.quantiles(d, n=4)
+                print(f"  {name:20s} off {off:8.2f}  {mode:5s} {on:8.2f}  added {q[1]:+7.2f} "
+                      f"(quartiles {q[0]:+.2f} .. {q[2]:+.2f})")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -100,14 +145,16 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=1024, help="float32 elements (1024: 4 KB)")
     ap.add_argument("--interleave", action="store_true",
                     help="unwrapped all_reduce, then the recorder around a no-op: which side slows down")
+    ap.add_argument("--floor", action="store_true",
+                    help="as --interleave, also pricing a pass-through wrapper and the least a Python-level recorder does")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.calls, args.rounds, args.size, args.interleave)
+        worker(args.calls, args.rounds, args.size, args.interleave, args.floor)
         return 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(29700 + os.getpid() % 200), os.path.abspath(__file__), "--worker", "--calls", str(args.calls),
-           "--rounds", str(args.rounds), "--size", str(args.size)] + (["--interleave"] if args.interleave else [])
+           "--rounds", str(args.rounds), "--size", str(args.size)] + (["--interleave"] if args.interleave else []) + (["--floor"] if args.floor else [])
     return subprocess.run(cmd, timeout=600).returncode
 
 
