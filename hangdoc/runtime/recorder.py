@@ -729,9 +729,12 @@ class Recorder:
 
         name, ranks = r[_GROUP]
         site = r[_SITE]
-        if isinstance(site, tuple):
-            code, lasti = site
-            site = f"{code.co_filename}:{_line_of(code, lasti)}:{code.co_name}"
+        if isinstance(site, tuple):  # (code, f_lasti), one shared tuple per site (_intern_site)
+            hit = _SITE_TEXT.get(id(site))
+            if hit is None or hit[0] is not site:
+                code, lasti = site
+                hit = _SITE_TEXT[id(site)] = (site, f"{code.co_filename}:{_line_of(code, lasti)}:{code.co_name}")
+            site = hit[1]
         shapes = tuple(tuple(int(d) for d in sh) for sh in r[_SHAPES])
         dtypes = tuple(d if isinstance(d, str) else _dtype_name(d) for d in r[_DTYPES])
         return CollectiveRecord(
@@ -757,19 +760,28 @@ class Recorder:
             out = self.out_dir or os.environ.get("HANGDOC_OUT") or "hangdoc-out"
         return os.path.join(out, name)
 
-    def dump(self, path: Optional[str] = None) -> str:
-        """Write the buffer atomically as JSONL (header line, then one record per line); returns the path."""
+    def dump(self, path: Optional[str] = None, limit: Optional[int] = None) -> str:
+        """Write the buffer atomically as JSONL (header line, then one record per line); returns the path.
+
+        ``limit``: only the newest ``limit`` records, plus the newest record of every group that
+        has none among them (where each rank stands in every group is what a diagnosis aligns
+        on); the header's ``tail`` then says so. What the exit dump writes (HANGDOC_EXIT_RECORDS).
+        """
         from hangdoc.atomic import write_atomic
 
         _refresh_identity()
         self._bounded(self._sweep)  # completions observed now belong in the header's progress too
         path = path or self.default_path()
         world = _world_size()
+        raw = self._resolved()
         header = {"hangdoc": "collectives", "version": 1, "host": _IDENT[1], "rank": _IDENT[0],
                   "pid": os.getpid(), "world_size": world, "capacity": self.capacity,
-                  "progress": self._progress, "dropped": max(0, self._total_issued() - len(self._buf)),
-                  "errors": self.errors}
-        records = self.records()
+                  "progress": self._progress, "dropped": 0, "errors": self.errors}
+        if limit is not None and len(raw) > limit:
+            raw = _tail(raw, limit)
+            header["tail"] = limit
+        header["dropped"] = max(0, self._total_issued() - len(raw))
+        records = [self._materialise(r) for r in raw]
         refined = self._bounded(lambda: _refine_from_flight_recorder(records), timeout=2.0) or 0
         if refined:
             header["refined_by_flight_recorder"] = refined
@@ -896,6 +908,11 @@ def phase(name: str) -> Iterator[None]:
         yield
     finally:
         _phase[0] = prev
+
+
+#: id(site tuple) -> (site, "file:line:function"): the text once per call site, not per record
+#: (the line table scan costs ~10 µs). Holds the site so that its id is not reused.
+_SITE_TEXT: Dict[int, Tuple[tuple, str]] = {}
 
 
 def _line_of(code: Any, lasti: int) -> Optional[int]:
@@ -1440,11 +1457,42 @@ def _patch(c10d: Any, dist: Any) -> None:
                     setattr(mod, name, wrapped)
 
 
+def _tail(raw: List[tuple], limit: int) -> List[tuple]:
+    """The newest ``limit`` records, after the newest older record of each group absent from them."""
+    cut = max(0, len(raw) - limit)
+    tail = raw[cut:]
+    seen = {r[_GROUP][0] for r in tail}
+    older = []
+    for r in reversed(raw[:cut]):
+        if r[_GROUP][0] not in seen:
+            seen.add(r[_GROUP][0])
+            older.append(r)
+    return older[::-1] + tail
+
+
+def _env_exit_records() -> Optional[int]:
+    """HANGDOC_EXIT_RECORDS: how many of the newest records the exit dump writes (4096 by default;
+    "all": the whole buffer; 0: no exit dump)."""
+    v = os.environ.get("HANGDOC_EXIT_RECORDS", "").strip().lower()
+    if v == "all":
+        return None
+    try:
+        return max(0, int(v)) if v else 4096
+    except ValueError:
+        return 4096
+
+
 def _dump_at_exit() -> None:
+    """The exit dump: a rank that leaves while the others still wait for it (uneven inputs, an
+    exception) says where it stopped. Only the newest records (``_env_exit_records``), unless this
+    process dumped before (a hang: the watchdog wrote the whole buffer, which this rewrites)."""
     r = _recorder
     if r is not None and r._buf:
         try:
-            r.dump()
+            limit = _env_exit_records()
+            if limit == 0:
+                return
+            r.dump(limit=None if r.dumped_to else limit)
         except Exception as e:
             _report(e)
 
