@@ -138,3 +138,80 @@ def test_every_fixture_dump_reads_cleanly():
     for path in glob.glob(os.path.join(FIXTURES, "*", "fr_trace_rank_*")):
         src = Source(path)
         assert flight_recorder.read(path, src) and src.errors == []
+
+
+def test_wrong_field_types_and_ranks_outside_the_world_are_line_errors(tmp_path):
+    """Each corrupt field is named with its file and line; none reaches the rules (where a dict group
+    crashed the aggregator and a rank of 1,000,000 made it list 999,996 missing ranks)."""
+    from hangdoc.analysis import analyse
+    from hangdoc.readers import read_paths
+
+    header = {"hangdoc": "collectives", "version": 1, "host": "n1", "pid": 7, "world_size": 2}
+    ok = {"seq": 0, "op": "all_reduce", "shapes": [[8]], "dtypes": ["float32"], "state": "completed", "call_site": "t.py:5:main"}
+    bad = [({"rank": 1_000_000}, "rank 1000000 is outside the world of 2 ranks"),
+           ({"group": {}}, "'group' must be a string, not object"),
+           ({"call_site": 12}, "'call_site' must be a string, not int"),
+           ({"time_issued": "soon"}, "'time_issued' must be a number of seconds or null, not string"),
+           ({"peer": [1]}, "'peer' must be an integer, not array"),
+           ({"root": 2}, "root 2 is outside the world of 2 ranks"),
+           ({"group_ranks": [0, -1]}, "group ranks -1 is outside the world of 2 ranks"),
+           ({"shapes": [[8, "x"]]}, "'shapes' must be an array of arrays of non-negative integers"),
+           ({"state": "done"}, "'state' must be one of issued, completed, failed, not 'done'"),
+           ({"async_op": 1}, "'async_op' must be true or false, not int"),
+           ({"seq": True}, "'seq' must be a non-negative integer, not True"),
+           ({"op": ""}, "'op' must be a non-empty string, not string")]
+    paths = []
+    for rank in (0, 1):
+        lines = [dict(header, rank=rank), dict(ok), dict(ok, seq=1, state="issued", call_site=f"t.py:{6 - rank}:main")]
+        if rank == 0:
+            lines[2]["op"] = "broadcast"
+            lines[2]["root"] = 0
+            lines += [{**ok, "seq": 2, **field} for field, _ in bad]
+        paths.append(_write(tmp_path, f"collectives-n1-r{rank}-{7 + rank}.jsonl", "\n".join(map(json.dumps, lines))))
+    job = read_paths(paths)
+    assert [(os.path.basename(e.source), e.line, e.message) for e in job.errors] == [
+        ("collectives-n1-r0-7.jsonl", 4 + i, f"bad record: {msg}") for i, (_, msg) in enumerate(bad)]
+    assert len(job.records) == 4 and job.world_size == 2
+    head = analyse(job).findings[0]
+    assert head.kind == "collective-mismatch" and [c.rank for c in head.culprits] == [0]
+
+
+def test_header_world_size_must_be_a_positive_integer(tmp_path):
+    p = _write(tmp_path, "collectives-n1-r0-7.jsonl", "\n".join(map(json.dumps, [
+        {"hangdoc": "collectives", "version": 1, "host": "n1", "rank": 0, "pid": 7, "world_size": "4"},
+        {"seq": 0, "op": "barrier"}])))
+    src = Source(p)
+    assert [r.op for r in records.read(p, src)] == ["barrier"]
+    assert [(e.line, e.message) for e in src.errors] == [(1, "bad header: world_size '4' is not a positive integer up to 1048576")]
+    assert records.world_size(p) is None
+
+
+_ANY = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 2_000_000), st.floats(), st.text(max_size=4)),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+                    max_leaves=6)
+_RECORD = st.fixed_dictionaries({"seq": st.integers(0, 3), "op": st.sampled_from(["all_reduce", "broadcast", "send", "recv"])},
+                                optional={k: _ANY for k in ("rank", "group", "group_ranks", "shapes", "dtypes", "root", "peer",
+                                                            "async_op", "call_site", "stream", "phase", "time_issued",
+                                                            "time_completed", "state", "host", "pid", "origin")})
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_RECORD, max_size=12))
+def test_what_the_reader_accepts_the_analysis_can_use(tmp_path_factory, recs):
+    """Any value in any field: the reader keeps a record only if every field has its type and every
+    rank is inside the header's world, and the analysis of what it kept never raises."""
+    from hangdoc.analysis import analyse
+    from hangdoc.readers import read_paths
+
+    d = tmp_path_factory.mktemp("anyfield")
+    with open(d / "collectives-n1-r0-7.jsonl", "w") as f:
+        f.write(json.dumps({"hangdoc": "collectives", "version": 1, "host": "n1", "rank": 0, "pid": 7, "world_size": 4}) + "\n")
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    job = read_paths([str(d)])
+    assert len(job.records) + len(job.errors) == len(recs)
+    for r in job.records:
+        assert 0 <= r.rank < 4 and all(0 <= g < 4 for g in r.group_ranks)
+        assert isinstance(r.group, str) and isinstance(r.call_site, str) and isinstance(r.async_op, bool)
+    report = analyse(job)
+    assert report.findings and all(0 <= c.rank < 4 for f in report.findings for c in f.culprits if c.rank is not None)

@@ -19,6 +19,7 @@ The first line is a header (``{"hangdoc": "collectives", "version": 1, "host", "
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, List, Optional
 
 from hangdoc.model import CollectiveRecord, ParseError, Source
@@ -36,6 +37,7 @@ def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
     source = source if source is not None else Source(path)
     out: List[CollectiveRecord] = []
     header: Dict[str, Any] = {}
+    world: Optional[int] = None
     try:
         f = open(path, "r", encoding="utf-8", errors="replace")
     except OSError as e:
@@ -58,20 +60,108 @@ def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
                 if d.get("version", 1) != 1:
                     source.errors.append(ParseError(path, lineno, f"unknown records version {d.get('version')!r}; reading anyway"))
                 header = d
+                ws = d.get("world_size")
+                world = ws if _is_int(ws) and 0 < ws <= MAX_RANKS else None
+                if ws is not None and world is None:
+                    source.errors.append(ParseError(path, lineno, f"bad header: world_size {ws!r} is not a positive integer up to {MAX_RANKS}"))
                 continue
             for key in ("rank", "host", "pid"):
                 if d.get(key) is None and header.get(key) is not None:
                     d[key] = header[key]
-            try:
-                rec = CollectiveRecord.from_json(d)
-                if not isinstance(rec.rank, int) or not isinstance(rec.seq, int) or not isinstance(rec.op, str):
-                    raise ValueError("rank, seq and op are required")
-            except (TypeError, ValueError) as e:
-                source.errors.append(ParseError(path, lineno, f"bad record: {e}"))
-                continue
-            out.append(rec)
+            problem = check(d, world)
+            if problem is None:
+                try:
+                    out.append(CollectiveRecord.from_json(d))
+                    continue
+                except (TypeError, ValueError) as e:
+                    problem = str(e)
+            source.errors.append(ParseError(path, lineno, f"bad record: {problem}"))
     # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
     return out
+
+
+#: No job has more ranks than this; a rank beyond it is a corrupt line, not a rank to report missing.
+MAX_RANKS = 1 << 20
+STATES = ("issued", "completed", "failed")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _type(x: Any) -> str:
+    return "null" if x is None else {dict: "object", list: "array", str: "string", bool: "boolean"}.get(type(x), type(x).__name__)
+
+
+def check(d: Dict[str, Any], world: Optional[int] = None) -> Optional[str]:
+    """What is wrong with one record object, or None. ``world``: the header's world size.
+
+    Every field the analysis reads is checked here, so a corrupt line is reported with its file and
+    line instead of failing a rule later or naming a rank that does not exist.
+
+        >>> check({"rank": 1, "seq": 0, "op": "broadcast", "root": 0, "shapes": [[8]]}, world=2)
+        >>> check({"rank": 1, "seq": 0, "op": "broadcast", "group": {}})
+        "'group' must be a string, not object"
+        >>> check({"rank": 1000000, "seq": 0, "op": "barrier"}, world=4)
+        'rank 1000000 is outside the world of 4 ranks'
+    """
+    limit = world or MAX_RANKS
+    where = f"the world of {world} ranks" if world else f"0-{MAX_RANKS - 1}"
+
+    def rank_problem(key: str, v: Any) -> Optional[str]:
+        if not _is_int(v):
+            return f"{key!r} must be an integer, not {_type(v)}"
+        if not 0 <= v < limit:
+            return f"{key.replace('_', ' ')} {v} is outside {where}"
+        return None
+
+    for key in ("rank", "seq", "op"):
+        if key not in d or d[key] is None:
+            return f"{key!r} is missing"
+    p = rank_problem("rank", d["rank"])
+    if p:
+        return p
+    if not _is_int(d["seq"]) or d["seq"] < 0:
+        return f"'seq' must be a non-negative integer, not {d['seq']!r}"[:120]
+    if not isinstance(d["op"], str) or not d["op"]:
+        return f"'op' must be a non-empty string, not {_type(d['op'])}"
+    for key in ("root", "peer"):
+        if d.get(key) is not None:
+            p = rank_problem(key, d[key])
+            if p:
+                return p
+    for key in ("group", "call_site", "origin", "state"):
+        if key in d and not isinstance(d[key], str):
+            return f"{key!r} must be a string, not {_type(d[key])}"
+    for key in ("stream", "phase", "host"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            return f"{key!r} must be a string or null, not {_type(d[key])}"
+    if "state" in d and d["state"] not in STATES:
+        return f"'state' must be one of {', '.join(STATES)}, not {d['state']!r}"[:120]
+    if "async_op" in d and not isinstance(d["async_op"], bool):
+        return f"'async_op' must be true or false, not {_type(d['async_op'])}"
+    if d.get("pid") is not None and (not _is_int(d["pid"]) or d["pid"] < 0):
+        return f"'pid' must be a non-negative integer, not {_type(d['pid'])}"
+    for key in ("time_issued", "time_completed"):
+        v = d.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)):
+            return f"{key!r} must be a number of seconds or null, not {_type(v) if not isinstance(v, float) else v}"
+    gr = d.get("group_ranks")
+    if gr is not None:
+        if not isinstance(gr, list):
+            return f"'group_ranks' must be an array of ranks, not {_type(gr)}"
+        for v in gr:
+            p = rank_problem("group_ranks", v)
+            if p:
+                return p
+    shapes = d.get("shapes")
+    if shapes is not None:
+        if not isinstance(shapes, list) or not all(isinstance(s, list) and all(_is_int(x) and x >= 0 for x in s) for s in shapes):
+            return "'shapes' must be an array of arrays of non-negative integers"
+    dtypes = d.get("dtypes")
+    if dtypes is not None and (not isinstance(dtypes, list) or not all(isinstance(x, str) for x in dtypes)):
+        return "'dtypes' must be an array of strings"
+    return None
 
 
 def world_size(path: str) -> Optional[int]:
@@ -79,6 +169,7 @@ def world_size(path: str) -> Optional[int]:
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             d = json.loads(f.readline())
-        return int(d["world_size"]) if d.get("hangdoc") == "collectives" and d.get("world_size") else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ws = d.get("world_size") if d.get("hangdoc") == "collectives" else None
+        return ws if _is_int(ws) and 0 < ws <= MAX_RANKS else None
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
