@@ -213,6 +213,24 @@ def test_directory_walk_skips_reports_logs_and_traces(tmp_path):
     assert [e.message for e in job.errors] == ["no stack dump found"]
 
 
+def test_directory_walk_reports_empty_and_garbage_dump_files(tmp_path):
+    """A node whose dump came out empty or corrupt is news: named like a dump, it is reported even
+    when found by walking a directory (other files still quietly skipped)."""
+    shutil.copy(PLAIN, tmp_path / "trace-node1.out")
+    (tmp_path / "trace-node2.out").write_bytes(b"")
+    (tmp_path / "trace-node3.out").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "stacks-node4-r3-77.txt").write_text("nothing here\n")
+    (tmp_path / "nccl_trace_rank_1").write_bytes(b"garbage")
+    (tmp_path / "notes.txt").write_text("hello\n")
+    job = read_paths([str(tmp_path)])
+    errs = {os.path.basename(e.source): e.message for e in job.errors}
+    assert errs == {"trace-node2.out": "empty file", "trace-node3.out": "binary file, not a stack dump; skipped",
+                    "stacks-node4-r3-77.txt": "no stack dump found",
+                    "nccl_trace_rank_1": errs.get("nccl_trace_rank_1")}
+    assert errs["nccl_trace_rank_1"].startswith("not a Flight Recorder")
+    assert len(job.processes) == 4
+
+
 def test_error_lines_of_other_programs_are_not_processes():
     text = (
         "Error: failed to load checkpoint step_100.pt, starting from scratch\n"

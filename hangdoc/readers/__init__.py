@@ -97,6 +97,10 @@ _SKIP_SUFFIXES = (
 )
 # What hangdoc itself writes next to the dumps: reports, not inputs.
 _OWN_OUTPUTS = {"report.txt", "report.json", "report.md", "report.html", "report.dot", "report.svg"}
+# Names that only dumps carry (srun --output=trace-%N.out, hangdoc dump, the watchdog, Flight
+# Recorder's default): found by a directory walk, an empty or unreadable one is reported, not
+# skipped; an empty trace-node3.out is how a node that failed to dump shows itself.
+_DUMP_NAMES = ("trace-*.out", "stacks-*-r*-*.txt", "nccl_trace_rank_*", "fr_trace*")
 _SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".tox", ".venv", "venv"}
 
 # torchrun --tee / --log-line-prefix-template: "[rank3]:", "[default3]:", "[3]:";
@@ -576,6 +580,8 @@ def _head(path: str) -> bytes:
 def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[Source]:
     """Read one file into ``job``; None when a walked file is not a dump (skipped quietly)."""
     source = Source(path)
+    base = os.path.basename(path)
+    named = named or any(fnmatch.fnmatch(base, pat) for pat in _DUMP_NAMES)
     try:
         head = _head(path)
     except OSError as e:
@@ -583,7 +589,6 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
             return None
         source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e.__class__.__name__}"))
         return source
-    base = os.path.basename(path)
     records = _optional("hangdoc.readers.records")
     if records is not None and (fnmatch.fnmatch(base, "collectives-*.jsonl") or records.looks_like(path, head)):
         recs = _call_reader(records, path, source)
@@ -597,7 +602,7 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
             is_fr = fr.looks_like(path, head)
         except Exception:
             is_fr = False
-        if is_fr:
+        if is_fr or fnmatch.fnmatch(base, "nccl_trace_rank_*") or fnmatch.fnmatch(base, "fr_trace*"):
             recs = _call_reader(fr, path, source)
             source.records = len(recs)
             source.formats.append(getattr(fr, "FORMAT", "flight-recorder"))
