@@ -276,3 +276,38 @@ def test_faulthandler_variants_from_real_interpreters():
     fatal = read_text(_stderr_of("import faulthandler, ctypes\nfaulthandler.enable()\nctypes.string_at(0)\n"))
     (p,) = fatal.processes
     assert p.meta["fatal_error"] == "Segmentation fault" and p.main_thread.top.function == "string_at"
+
+
+def test_rank_map_matches_short_host_names_and_reports_what_matched_nothing():
+    """A map written with FQDNs still applies; entries for hosts no dump came from are reported and
+    do not widen the world (a map for the wrong job used to invent missing ranks silently)."""
+    from hangdoc.analysis import analyse
+
+    job = read_paths([PLAIN], rank_map={"node1.cluster.example:32380": 0, "node1:32383": 1,
+                                        "othernode:5": 2, "othernode:6": 3})
+    assert [(p.pid, p.rank) for p in job.processes if p.role == "rank"] == [(32380, 0), (32383, 1)]
+    assert [p.parent_rank for p in job.processes if p.role == "dataloader-worker"] == [0, 1]
+    assert job.world_size == 2
+    assert [str(e) for e in job.errors] == [
+        "rank map:0: 2 entries name hosts no dump came from (othernode); the dumps' hosts are node1"]
+    assert "missing-rank" not in [f.kind for f in analyse(job).findings]
+    job = read_paths([PLAIN], rank_map={"node1:32380": 0, "node1:999": 3})
+    assert [str(e) for e in job.errors] == ["rank map:0: 1 entry matches no process read (node1:999=3)"]
+    assert job.world_size == 4  # the map says rank 3 is on node1, and it was not dumped: that is news
+
+
+def test_rank_map_refuses_negative_and_contradictory_ranks(tmp_path):
+    import pytest
+
+    from hangdoc.cli import UsageError
+    from hangdoc.cli.aggregate import read_rank_map
+
+    with pytest.raises(ValueError, match="non-negative"):
+        read_paths([PLAIN], rank_map={"node1:32380": -1})
+    p = tmp_path / "map.txt"
+    p.write_text("node1:1 0\nnode1:2 -3\n")
+    with pytest.raises(UsageError, match=r"map.txt:2: expected 'KEY RANK'"):
+        read_rank_map(str(p))
+    p.write_text("node1:1 0\nnode1:1 2\n")
+    with pytest.raises(UsageError, match=r"map.txt:2: node1:1 is given rank 2 here and rank 0 before"):
+        read_rank_map(str(p))

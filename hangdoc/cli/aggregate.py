@@ -140,11 +140,16 @@ def read_rank_map(path: str) -> Dict[str, int]:
         parts = line.replace("=", " ").replace(",", " ").split()
         try:
             if len(parts) == 2:
-                out[parts[0]] = int(parts[1])
+                key, rank = parts[0], int(parts[1])
             elif len(parts) == 3:  # "host pid rank"
-                out[f"{parts[0]}:{int(parts[1])}"] = int(parts[2])
+                key, rank = f"{parts[0]}:{int(parts[1])}", int(parts[2])
             else:
                 raise ValueError
+            if rank < 0:
+                raise ValueError
+            if key in out and out[key] != rank:
+                raise UsageError(f"{path}:{n}: {key} is given rank {rank} here and rank {out[key]} before")
+            out[key] = rank
         except ValueError:
             raise UsageError(f"{path}:{n}: expected 'KEY RANK' (KEY is host:pid or pid), got {line[:60]!r}")
     return out

@@ -43,7 +43,7 @@ import json
 import os
 import re
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from hangdoc.model import (
     Frame,
@@ -734,7 +734,7 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
     >>> normalize_rank_map({"n1:42": "3", 43: {"rank": 4}})
     {'n1:42': 3, '43': 4}
     """
-    if all(type(v) is int for v in data.values()) and all(type(k) is str for k in data):
+    if all(type(v) is int and v >= 0 for v in data.values()) and all(type(k) is str for k in data):
         return data  # type: ignore[return-value]  # already normal (load_rank_map's output): no copy
     out: Dict[str, int] = {}
     for k, v in data.items():
@@ -742,32 +742,54 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
             v = v.get("rank")
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).lstrip("-").isdigit():
-            raise ValueError(f"rank map: rank of {k!r} is not an integer: {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().isdigit():
+            raise ValueError(f"rank map: rank of {k!r} is not a non-negative integer: {v!r}")
         out[str(k)] = int(v)
     return out
 
 
 def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
-    """Identity that needs all files at once: rank map, worker → rank ties, local ranks, world size."""
+    """Identity that needs all files at once: rank map, worker → rank ties, local ranks, world size.
+
+    A rank map entry matches a process by ``host:pid`` (hosts also by their short name:
+    ``node1.cluster`` is ``node1``) or by ``pid`` alone. Entries that match nothing are reported
+    (as errors of a source named ``rank map``); those for hosts no dump came from are not used for
+    the world size, so a map spelling hosts differently does not invent missing ranks.
+    """
     rmap = normalize_rank_map(rank_map) if rank_map else {}
+    used_keys: Set[str] = set()
     if rmap:
+        short = {}
+        for k, v in rmap.items():
+            host, sep, pid = k.rpartition(":")
+            if sep and host:
+                short.setdefault(f"{_short_host(host)}:{pid}", k)
         for p in job.processes:
-            r = rmap.get(f"{p.host}:{p.pid}") if p.host is not None else None
-            if r is None and p.pid is not None:
-                r = rmap.get(str(p.pid))
-            if r is not None and p.role == ROLE_WORKER:
+            key = None
+            if p.host is not None and p.pid is not None:
+                for cand in (f"{p.host}:{p.pid}", short.get(f"{_short_host(p.host)}:{p.pid}")):
+                    if cand is not None and cand in rmap:
+                        key = cand
+                        break
+            if key is None and p.pid is not None and str(p.pid) in rmap:
+                key = str(p.pid)
+            if key is None:
+                continue
+            used_keys.add(key)
+            r = rmap[key]
+            if p.role == ROLE_WORKER:
                 # a map that names a worker's pid gives the rank it works for
                 if p.parent_rank is None:
                     p.parent_rank = r
                     p.meta["parent_from"] = "rank map"
-            elif r is not None:
+            else:
                 if p.rank is not None and p.rank != r:
                     p.meta["rank_before_map"] = p.rank
                 p.rank = r
                 p.meta["rank_from"] = "rank map"
                 if p.role != ROLE_LAUNCHER:
                     p.role = ROLE_RANK
+        _report_unused_map_entries(job, rmap, used_keys)
 
     # torchrun's [defaultN]: is the local rank; on one host it is the rank too
     hosts = {p.host for p in job.processes if p.local_rank is not None or p.rank is not None}
@@ -791,7 +813,11 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
 
     sizes = [p.meta["world_size"] for p in job.processes if isinstance(p.meta.get("world_size"), int)]
     if rmap:
-        sizes.append(max(rmap.values()) + 1)
+        hosts_read = {_short_host(p.host) for p in job.processes if p.host is not None}
+        counted = [r for k, r in rmap.items()
+                   if k in used_keys or ":" not in k or _short_host(k.rpartition(":")[0]) in hosts_read]
+        if counted:
+            sizes.append(max(counted) + 1)
     for r in job.records:
         sizes.append(r.rank + 1)
         if r.group_ranks:
@@ -807,6 +833,32 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
                 if isinstance(ws, int):
                     sizes.append(ws)
     job.world_size = max(sizes) if sizes else None
+
+
+def _short_host(host: str) -> str:
+    return host.split(".", 1)[0] if not host.replace(".", "").isdigit() else host
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"
+
+
+def _report_unused_map_entries(job: Job, rmap: Dict[str, int], used: Set[str]) -> None:
+    unused = [k for k in rmap if k not in used]
+    if not unused or not job.processes:
+        return
+    hosts_read = sorted({p.host for p in job.processes if p.host is not None})
+    src = Source("rank map")
+    foreign = [k for k in unused if ":" in k and _short_host(k.rpartition(":")[0]) not in {_short_host(h) for h in hosts_read}]
+    if foreign:
+        shown = ", ".join(sorted({k.rpartition(":")[0] for k in foreign})[:5])
+        src.errors.append(ParseError(src.path, 0, f"{_entries(len(foreign))} name{'s a host' if len(foreign) == 1 else ' hosts'} no dump came from ({shown}); "
+                                     f"the dumps' hosts are {', '.join(hosts_read[:5]) or 'unknown'}{' ...' if len(hosts_read) > 5 else ''}"))
+    local = [k for k in unused if k not in foreign]
+    if local:
+        src.errors.append(ParseError(src.path, 0, f"{_entries(len(local))} match{'es' if len(local) == 1 else ''} no process read "
+                                     f"({', '.join(f'{k}={rmap[k]}' for k in local[:5])}{' ...' if len(local) > 5 else ''})"))
+    job.sources.append(src)
 
 
 def _unify_file_names(processes: List[Process]) -> None:
