@@ -287,9 +287,13 @@ def test_rank_map_matches_short_host_names_and_reports_what_matched_nothing():
                                         "othernode:5": 2, "othernode:6": 3})
     assert [(p.pid, p.rank) for p in job.processes if p.role == "rank"] == [(32380, 0), (32383, 1)]
     assert [p.parent_rank for p in job.processes if p.role == "dataloader-worker"] == [0, 1]
-    assert job.world_size == 2
     assert [str(e) for e in job.errors] == [
         "rank map:0: 2 entries name hosts no dump came from (othernode); the dumps' hosts are node1"]
+    # the map's names are the dumps' (two entries matched): othernode did not dump, ranks 2-3 missing
+    assert job.world_size == 4
+    # a map of another job (or other host names): nothing matched by host, nothing invented
+    job = read_paths([PLAIN], rank_map={"gpu-a:32380": 0, "gpu-a:32383": 1, "gpu-b:5": 2, "gpu-b:6": 3})
+    assert job.world_size is None and len(job.errors) == 1
     assert "missing-rank" not in [f.kind for f in analyse(job).findings]
     job = read_paths([PLAIN], rank_map={"node1:32380": 0, "node1:999": 3})
     assert [str(e) for e in job.errors] == ["rank map:0: 1 entry matches no process read (node1:999=3)"]

@@ -753,8 +753,9 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
 
     A rank map entry matches a process by ``host:pid`` (hosts also by their short name:
     ``node1.cluster`` is ``node1``) or by ``pid`` alone. Entries that match nothing are reported
-    (as errors of a source named ``rank map``); those for hosts no dump came from are not used for
-    the world size, so a map spelling hosts differently does not invent missing ranks.
+    (as errors of a source named ``rank map``). Entries for hosts no dump came from widen the world
+    (their ranks are missing) only if some ``host:pid`` entry matched, so a map that spells hosts
+    differently, or is another job's, does not invent missing ranks.
     """
     rmap = normalize_rank_map(rank_map) if rank_map else {}
     used_keys: Set[str] = set()
@@ -813,9 +814,13 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
 
     sizes = [p.meta["world_size"] for p in job.processes if isinstance(p.meta.get("world_size"), int)]
     if rmap:
+        # Entries for hosts no dump came from count only when the map's host names are proven to be
+        # the dumps' (some host:pid entry matched): then a host without dump is a node that did not
+        # dump; otherwise the map spells hosts differently or is another job's, and says nothing.
         hosts_read = {_short_host(p.host) for p in job.processes if p.host is not None}
-        counted = [r for k, r in rmap.items()
-                   if k in used_keys or ":" not in k or _short_host(k.rpartition(":")[0]) in hosts_read]
+        proven = any(":" in k for k in used_keys)
+        counted = [r for k, r in rmap.items() if k in used_keys or ":" not in k or proven
+                   or _short_host(k.rpartition(":")[0]) in hosts_read]
         if counted:
             sizes.append(max(counted) + 1)
     for r in job.records:
