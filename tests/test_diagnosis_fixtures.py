@@ -145,7 +145,7 @@ def test_pipeline_cycle_without_peers(kind):
 # --- unresponsive / stopped / missing -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["plain", "native", "locals", "with-workers"])
+@pytest.mark.parametrize("kind", ["plain", "native", "locals", "with-workers", "json"])
 def test_stopped_rank_py_spy_failure(kind):
     f = headline(os.path.join(DUMPS, "stopped_rank", kind))
     assert f.kind == "unresponsive-process"
@@ -156,8 +156,12 @@ def test_stopped_rank_py_spy_failure(kind):
 @pytest.mark.parametrize("kind", ["pystack", "gdb"])
 def test_stopped_rank_read_by_ptrace_tools(kind):
     # pystack and gdb read a stopped process: it sits in kill() while the others wait in all_reduce
+    # (no ptrace error says so): the stack that stopped itself makes it a stopped process, not a
+    # rank that skipped a collective
     f = headline(os.path.join(DUMPS, "stopped_rank", kind))
     assert culprit_pids(f) == {pid_of("stopped_rank", 1)}
+    assert f.kind == "unresponsive-process" and "stopped" in f.summary
+    assert any("sent itself a stop signal" in e for e in f.evidence)
 
 
 def test_missing_rank_from_tag_lines(tmp_path):

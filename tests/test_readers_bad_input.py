@@ -107,11 +107,13 @@ def test_prefixed_interleaving_is_taken_apart():
 
 
 def test_big_file_streams(tmp_path):
+    import re
+
     block = fixture_bytes()
     path = tmp_path / "trace-big.out"
     with open(path, "wb") as f:
-        for _ in range(2000):  # 8,000 processes, ~190,000 lines
-            f.write(block)
+        for i in range(2000):  # 8,000 processes (distinct pids: one pid twice is one process), ~190,000 lines
+            f.write(re.sub(rb"^Process (\d+)", lambda m: b"Process %d" % (int(m.group(1)) + 100_000 * i), block, flags=re.M))
     job = read_paths([str(path)])
     assert len(job.processes) == 8000 and job.errors == []
     # identical stacks share one tuple: memory grows with distinct stacks, not processes

@@ -235,10 +235,11 @@ def test_py_spy_failure_keeps_the_process_and_says_it_is_stopped():
         assert p.role == ROLE_RANK and p.command.endswith("stopped_rank.py")
         job = read_paths([scenario("stopped_rank", kind)], rank_map=truth("stopped_rank"))
         assert next(p for p in job.processes if p.status != STATUS_OK).rank == 1
-    # with --json py-spy prints the error with no "Process" line: kept, pid unknown
+    # with --json py-spy prints the error with no "Process" line; its pid is taken from the
+    # error text ("unexpected waitpid result PtraceEvent(Pid(24709), SIGSTOP, 128)")
     job = read_paths([scenario("stopped_rank", "json")])
     bad = [p for p in job.processes if p.status == STATUS_STOPPED]
-    assert len(bad) == 1 and bad[0].host == "node1" and bad[0].pid is None
+    assert len(bad) == 1 and bad[0].host == "node1" and bad[0].pid == 24709
 
 
 def test_gdb_and_pystack_native_frames():

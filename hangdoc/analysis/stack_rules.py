@@ -199,7 +199,10 @@ def _buckets(processes: Iterable[Process]) -> List[_Bucket]:
         if b is None:
             w = wait_of(p) if p.status == STATUS_OK else Wait("unknown")
             launcher = p.role == ROLE_LAUNCHER or (p.role == "unknown" and t is not None and is_launcher_stack(frames))
-            b = by_key[key] = _Bucket(w, p.status == STATUS_OK, _is_worker(p, w), launcher)
+            # gdb and pystack read a stopped process without noticing; a main thread that sent
+            # itself SIGSTOP (os.kill(os.getpid(), SIGSTOP)) says it: the process is stopped
+            ok = p.status == STATUS_OK and not _stopped_itself(w)
+            b = by_key[key] = _Bucket(w, ok, _is_worker(p, w), launcher)
         if len(p.threads) > 1 and b.wait.category == "host-sync" and b.wait.op == "wait":
             # wait_of looks at the other threads here (gloo's run loop names the op): per process.
             w = wait_of(p)
@@ -213,6 +216,19 @@ def _buckets(processes: Iterable[Process]) -> List[_Bucket]:
         b.procs.append(p)
     # keep the buckets whose only members moved to a per-process bucket out
     return [b for b in by_key.values() if b.procs]
+
+
+def _stopped_itself(w: Wait) -> bool:
+    return w.category == "sleep" and w.op == "stopped by a signal"
+
+
+def _status(p: Process, b: _Bucket) -> Tuple[str, str]:
+    """A process's status and its detail, with a stack that shows it stopped counted as stopped."""
+    if p.status == STATUS_OK and _stopped_itself(b.wait):
+        site = b.wait.call_site or b.wait.frame
+        where = f" at {site.label()}" if site is not None else ""
+        return STATUS_STOPPED, f"its stack shows it sent itself a stop signal{where}"
+    return p.status, p.status_detail
 
 
 def _procs(buckets: Iterable[_Bucket]) -> List[Process]:
@@ -307,11 +323,15 @@ class _Analysis:
     def unresponsive(self, waiting: List[_Bucket]) -> bool:
         others = bool(waiting) and _count(waiting) == _count(self.ok_b)
         by_status: Dict[str, List[Process]] = {}
-        for p in self.not_ok:
-            by_status.setdefault(p.status, []).append(p)
+        status_of: Dict[int, Tuple[str, str]] = {}
+        for b in self.all_b:
+            if not b.ok:
+                for p in b.procs:
+                    status_of[id(p)] = st = _status(p, b)
+                    by_status.setdefault(st[0], []).append(p)
         for status, procs in sorted(by_status.items()):
             procs = _sorted(procs)
-            details = _cap([f"{who([p])}: {p.status}" + (f" ({p.status_detail})" if p.status_detail else "")
+            details = _cap([f"{who([p])}: {status}" + (f" ({status_of[id(p)][1]})" if status_of[id(p)][1] else "")
                             + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in procs], f"{status} processes")
             if waiting:
                 details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]

@@ -811,6 +811,7 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
                 p.parent_rank = parent.rank
 
     _unify_file_names(job.processes)
+    _merge_duplicates(job)
 
     sizes = [p.meta["world_size"] for p in job.processes if isinstance(p.meta.get("world_size"), int)]
     if rmap:
@@ -838,6 +839,58 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
                 if isinstance(ws, int):
                     sizes.append(ws)
     job.world_size = max(sizes) if sizes else None
+
+
+def _frame_count(p: Process) -> int:
+    return sum(len(t.frames) for t in p.threads)
+
+
+def _python_stack(p: Process) -> Tuple[Tuple[str, str, Optional[int]], ...]:
+    t = p.main_thread
+    return tuple((f.function, f.file, f.line) for f in t.frames if not f.native) if t is not None else ()
+
+
+def _merge_duplicates(job: Job) -> None:
+    """One process, one entry: the same ``host:pid`` read twice (a plain and a ``--native`` dump,
+    two snapshots in one file) keeps its richest readable dump; the traceback a rank printed as it
+    died (pid unknown, read from a log) folds into that rank's live dump when there is one.
+
+    What was folded stays visible: ``meta["snapshots"]`` counts the dumps of the process,
+    ``meta["moved"]`` says its Python stack differed between them (it was not stuck), and
+    ``meta["exception"]`` keeps the exception of a folded traceback.
+    """
+    by_pid: Dict[Tuple[str, int], List[Process]] = {}
+    for p in job.processes:
+        if p.host is not None and p.pid is not None:
+            by_pid.setdefault((p.host, p.pid), []).append(p)
+    drop: Set[int] = set()
+    for same in by_pid.values():
+        if len(same) < 2:
+            continue
+        keep = max(same, key=lambda p: (p.status == STATUS_OK, _frame_count(p), -same.index(p)))
+        keep.meta["snapshots"] = len(same)
+        stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
+        if len(stacks) > 1:
+            keep.meta["moved"] = True
+        for p in same:
+            if p is not keep:
+                drop.add(id(p))
+                if p.rank is not None and keep.rank is None:
+                    keep.rank = p.rank
+    live: Dict[int, List[Process]] = {}
+    for p in job.processes:
+        if p.rank is not None and p.pid is not None and id(p) not in drop and p.role != ROLE_WORKER:
+            live.setdefault(p.rank, []).append(p)
+    for p in job.processes:
+        if p.pid is None and p.rank is not None and "exception" in p.meta and id(p) not in drop:
+            same_rank = [q for q in live.get(p.rank, ()) if p.host is None or q.host is None or q.host == p.host]
+            if len(same_rank) == 1:
+                q = same_rank[0]
+                q.meta.setdefault("exception", p.meta["exception"])
+                q.meta.setdefault("exception_at", f"{p.source}:{p.source_line}")
+                drop.add(id(p))
+    if drop:
+        job.processes[:] = [p for p in job.processes if id(p) not in drop]
 
 
 def _short_host(host: str) -> str:
@@ -884,7 +937,10 @@ def _unify_file_names(processes: List[Process]) -> None:
             if id(t.frames) not in stacks:
                 stacks[id(t.frames)] = t.frames
                 qualified[id(t.frames)] = p.format in (_pyspy.FORMAT, _pyspy.FORMAT_JSON)
-                short[id(t.frames)] = p.format == _pyspy.FORMAT
+                # plain py-spy shortens every file name to its package-relative path; a py-spy stack
+                # with absolute paths was dumped with --full-filenames and holds long names
+                short[id(t.frames)] = p.format == _pyspy.FORMAT and not any(
+                    f.file.startswith("/") for f in t.frames if not f.native)
     # Only a name plain py-spy shortened stands for a longer one another dumper printed: within one
     # format ``a.py`` and ``tools/a.py`` may well be two files.
     short_files = {f.file for sid, s in stacks.items() if short[sid] for f in s if not f.native}

@@ -49,6 +49,7 @@ _PARENT_RE = re.compile(r"^Parent Process (\d+): ?(.*)$")
 _THREAD_RE = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([a-z+]*)\)(?:: "(.*)")?\s*$')
 _PYTHON_VERSION_RE = re.compile(r"^Python v(\d+\.\d+\S*)")
 _ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]+$")
+_ERROR_PID_RE = re.compile(r"Pid\((\d+)\)|\b(?:process|pid) (\d+)\b", re.I)
 _GROUP_STOP_RE = re.compile(r"PtraceEvent\(Pid\(\d+\), SIG(?:STOP|TSTP|TTIN|TTOU), 128\)")
 _ERROR_PREFIXES = ("Error: ", "error: ")
 
@@ -252,6 +253,11 @@ class PySpyParser(BlockParser):
                 # stopped by SIGSTOP/SIGTSTP (kill -STOP, a debugger, a scheduler's suspend)
                 p.status = STATUS_STOPPED
                 p.status_detail += "; the process is stopped (ptrace saw a SIGSTOP group-stop)"
+            if p.pid is None:
+                # --json prints no "Process N:" header; the error may still name the pid
+                m = _ERROR_PID_RE.search(p.meta["error"])
+                if m:
+                    p.pid = int(next(g for g in m.groups() if g))
         elif not self.threads:
             if not self._seen_header:
                 return
