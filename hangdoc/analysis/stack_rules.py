@@ -380,7 +380,14 @@ class _Analysis:
         own: List[Tuple[Process, Wait]] = [
             (q, b.wait) for b in self.worker_b for q in b.procs
             if (q.ppid is not None and (q.host, q.ppid) in pids) or (q.parent_rank is not None and q.parent_rank in ranks)]
-        stuck = [q for q, w in own if q.status != STATUS_OK or w.detail not in ("idle", "")]
+        # Workers whose owner is unknown (plain py-spy prints no parent pid, no rank map): on a host
+        # where ranks wait for batches they may well be those ranks' workers; shown, not dropped.
+        owned = {id(q) for q, _ in own}
+        dl_hosts = {p.host for p in dl}
+        unowned: List[Tuple[Process, Wait]] = [
+            (q, b.wait) for b in self.worker_b for q in b.procs
+            if id(q) not in owned and q.ppid is None and q.parent_rank is None and q.host in dl_hosts]
+        stuck = [q for q, w in own + unowned if q.status != STATUS_OK or w.detail not in ("idle", "")]
         summary = f"{who(dl)} {'waits' if len(dl) == 1 else 'wait'} for a DataLoader batch at {self._site(dl_b)}"
         if waiting_b:
             n = _count(waiting_b)
@@ -391,8 +398,12 @@ class _Analysis:
             owner = f" of rank {q.parent_rank}" if q.parent_rank is not None else (f" of pid {q.ppid}" if q.ppid is not None else "")
             worker_lines.append(f"DataLoader worker{owner} ({q.host or '?'} pid {q.pid if q.pid is not None else '?'}): "
                                 f"{w.describe() if q.status == STATUS_OK else q.status}")
+        for q, w in sorted(unowned, key=lambda qw: qw[0].key):
+            worker_lines.append(f"DataLoader worker ({q.host or '?'} pid {q.pid if q.pid is not None else '?'}; its rank is not known, "
+                                f"the one waiting for batches on {q.host or 'that host'} is {self._pids([p for p in dl if p.host == q.host])}): "
+                                f"{w.describe() if q.status == STATUS_OK else q.status}")
         evidence += _cap(worker_lines, "DataLoader workers")
-        if not own:
+        if not own and not unowned:
             evidence.append("no DataLoader worker process was dumped, so what the workers are stuck in is not shown")
         advice = [
             "Likely cause: a worker forked while another thread held a lock (logging, a metrics or tokenizer lock) "
