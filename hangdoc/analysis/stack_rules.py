@@ -104,7 +104,11 @@ def _sorted(procs: Iterable[Process]) -> List[Process]:
 
 
 def who(procs: Sequence[Process]) -> str:
-    """``ranks 0-2,5`` or ``process (node1 pid 42)`` or ``12 processes on node[1-2]``."""
+    """``ranks 0-2,5`` or ``process (node1 pid 42)`` or ``12 processes on node[1-2]``.
+
+        >>> who([Process(pid=12611), Process(), Process(), Process()])
+        '4 processes (pid 12611; 3 with no pid)'
+    """
     ranks = [p.rank for p in procs if p.rank is not None]
     rest = _sorted(p for p in procs if p.rank is None)
     parts = []
@@ -118,8 +122,11 @@ def who(procs: Sequence[Process]) -> str:
             if hosts.count(",") >= MAX_LINES:  # hundreds of hosts with no common prefix
                 hosts = f"{len(set(p.host for p in rest if p.host))} hosts"
             pids = [str(p.pid) for p in rest if p.pid is not None]
-            parts.append(f"{len(rest)} processes" + (f" on {hosts}" if hosts else "")
-                         + (f" (pids {', '.join(pids)})" if 0 < len(pids) <= 4 else ""))
+            unknown = len(rest) - len(pids)
+            shown = (f"pid{'s' if len(pids) > 1 else ''} {', '.join(pids)}" if 0 < len(pids) <= 4 else "")
+            if shown and unknown:
+                shown += f"; {unknown} with no pid"
+            parts.append(f"{len(rest)} processes" + (f" on {hosts}" if hosts else "") + (f" ({shown})" if shown else ""))
     return ", ".join(parts) if parts else "no process"
 
 
