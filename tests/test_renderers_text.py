@@ -102,3 +102,35 @@ def test_long_rank_sets_are_cut_in_the_middle_but_json_keeps_them():
     assert len(line) < 200
     doc = json.loads(render(report, "json", RenderOptions()))
     assert "…" not in doc["groups"][0]["ranks"] and len(doc["groups"][0]["ranks"].split(",")) == 42
+
+
+# -- control characters from the input never reach the terminal ---------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NASTY = st.lists(st.sampled_from(list("ab.py/") + ["\x1b", "\x1b[2J", "\r", "\x07", "\x9b", "\x00", "\n", "*", "|", "`"]),
+                  min_size=1, max_size=8).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(host=_NASTY, fn=_NASTY, file=_NASTY, thread=_NASTY, source=_NASTY)
+def test_control_characters_in_names_are_shown_escaped(host, fn, file, thread, source):
+    from hangdoc.analysis import analyse
+
+    frames = (Frame("main", "train.py", 1), Frame(fn, file + ".py", 7))
+    job = Job(processes=[Process(host=host, pid=9, rank=0, role="rank", threads=[Thread("9", thread, frames, is_main=True)]),
+                         Process(host=host, pid=10, rank=1, role="rank", threads=[Thread("10", thread, frames[:1], is_main=True)])],
+              sources=[Source(source, errors=[ParseError(source, 3, "bad " + fn)])])
+    report = analyse(job)
+    plain = render(report, "text")
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", plain)
+    colored = render(report, "text", RenderOptions(color=True))
+    # the only escape sequences are the report's own colours
+    assert "\x1b" not in re.sub(r"\x1b\[[0-9;]*m", "", colored)
+    assert not re.search("[\x00-\x09\x0b-\x1a\x1c-\x1f\x7f-\x9f]", colored)
+    md = render(report, "markdown")
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f]", md)
+    for line in md.splitlines():
+        if line.startswith("| ") and not line.startswith("| #"):
+            assert len(re.findall(r"(?<!\\)\|", line)) == 5, line  # a value never adds a table column

@@ -16,7 +16,7 @@ from typing import List
 
 from hangdoc.model import STATUS_OK, Report
 from hangdoc.ranges import compress_ranks
-from hangdoc.renderers.text import DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, describe_culprits, plural, roles, tree_lines
+from hangdoc.renderers.text import DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, describe_culprits, plural, printable, roles, tree_lines
 
 
 def render(report: Report, options) -> str:
@@ -25,7 +25,7 @@ def render(report: Report, options) -> str:
     max_groups = options.max_groups if options.max_groups is not None else DEFAULT_MAX_GROUPS
     out: List[str] = [f"# hangdoc report: {plural(len(r.job.processes), 'process')}, {plural(len(r.groups), 'group')}", ""]
     if r.groups:
-        out += [f"{sets.who(r.groups)}, from {plural(len(r.job.sources), 'source')}.", ""]
+        out += [f"{_md(sets.who(r.groups))}, from {plural(len(r.job.sources), 'source')}.", ""]
     if r.findings:
         head = r.findings[0]
         out += [f"## Verdict: `{head.kind}`", "", f"**{_md(head.summary)}**", ""]
@@ -45,7 +45,7 @@ def render(report: Report, options) -> str:
         for i, g in enumerate(r.groups[:max_groups], 1):
             who = sets.who([g], g.members)
             extra = ", ".join(x for x in (roles(g), g.status if g.status != STATUS_OK else "") if x)
-            out.append(f"| {i} | {g.count} | {_md(who)}{' (' + extra + ')' if extra else ''} | `{_code(g.summary)}` |")
+            out.append(f"| {i} | {g.count} | {_md(who)}{' (' + _md(extra) + ')' if extra else ''} | `{_code(g.summary)}` |")
         rest = r.groups[max_groups:]
         if rest:
             out.append(f"| … | {sum(g.count for g in rest)} | {plural(len(rest), 'more group')} | |")
@@ -72,15 +72,24 @@ def render(report: Report, options) -> str:
 
 
 def _md(s: str) -> str:
-    """Escape what Markdown would turn into markup (tables, emphasis, HTML)."""
+    r"""Escape what Markdown would turn into markup (tables, emphasis, HTML), and control characters.
+
+        >>> print(_md("rank *3* <b>|x\x1b"))
+        rank \*3\* \<b\>\|x\\x1b
+    """
+    s = _one_line(s)
     for ch in "\\`*_[]<>|":  # '#' only matters at a line's start, where these never are
         s = s.replace(ch, "\\" + ch)
     return s
 
 
+def _one_line(s: str) -> str:
+    return printable(s).replace("\n", "\\n")
+
+
 def _code(s: str) -> str:
-    return s.replace("`", "'").replace("|", "\\|")
+    return _one_line(s).replace("`", "'").replace("|", "\\|")
 
 
 def _fence(s: str) -> str:
-    return s.replace("```", "'''")
+    return _one_line(s).replace("```", "'''")

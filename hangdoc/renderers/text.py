@@ -16,6 +16,7 @@ Colour only when ``options.color`` (the CLI sets it when stdout is a terminal).
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hangdoc.model import ROLE_RANK, ROLE_UNKNOWN, STATUS_OK, Finding, Frame, Group, Process, Report, TreeNode
@@ -33,7 +34,28 @@ MAX_SET_CHARS = 72
 
 
 def render(report: Report, options) -> str:
-    return "\n".join(TextReport(report, options).lines()) + "\n"
+    text = printable("\n".join(TextReport(report, options).lines()))
+    if options.color:
+        text = _MARK_RE.sub(lambda m: _CODES[ord(m.group(0)) - _MARK0], text)
+    return text + "\n"
+
+
+# Control characters from the input (an escape sequence in a file name, a thread name with a
+# carriage return) must not reach the terminal as such: they are shown as \x1b, \r. Colour codes
+# are placed as private-use marks while the text is cleaned, then turned into escape sequences (a
+# mark in the input can only become one of these colour codes).
+_CONTROL_RE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+_MARK0 = 0xE000
+_MARK_RE = re.compile("[\ue000-\ue0ff]")
+
+
+def printable(s: str) -> str:
+    r"""``s`` with control characters (all but newline) shown as escapes.
+
+        >>> printable("train\x1b[2J.py\tline\r")
+        'train\\x1b[2J.py\\tline\\r'
+    """
+    return _CONTROL_RE.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), s)
 
 
 # -- shared by the text and markdown renderers -------------------------------------------------
@@ -285,6 +307,7 @@ def _cont(marker: str) -> str:
 
 # -- the text report ----------------------------------------------------------------------------
 
+_RESET = "\033[0m"
 _STYLES = {
     "title": "\033[1m",
     "headline": "\033[1;31m",
@@ -298,6 +321,7 @@ _STYLES = {
     "frame": "",
     "summary": "\033[1m",
 }
+_CODES = [_RESET] + sorted({c for c in _STYLES.values() if c})
 
 
 class TextReport:
@@ -309,7 +333,9 @@ class TextReport:
 
     def paint(self, s: str, style: str) -> str:
         code = _STYLES.get(style, "")
-        return f"{code}{s}\033[0m" if (self.o.color and code and s) else s
+        if not (self.o.color and code and s):
+            return s
+        return f"{chr(_MARK0 + _CODES.index(code))}{s}{chr(_MARK0 + _CODES.index(_RESET))}"
 
     def lines(self) -> List[str]:
         out: List[str] = []
