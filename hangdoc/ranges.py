@@ -56,16 +56,31 @@ _HOST_RE = re.compile(r"^(.*?)(\d+)$")
 
 
 def compress_hosts(hosts: Iterable[str]) -> str:
-    """SLURM-style hostlist: hosts sharing a prefix and digit width fold into ``prefix[a-b,c]``."""
+    """SLURM-style hostlist: hosts sharing a prefix (and zero padding) fold into ``prefix[a-b,c]``.
+
+        >>> compress_hosts(["n8", "n9", "n10", "n11", "n13"])
+        'n[8-11,13]'
+        >>> compress_hosts(["gpu008", "gpu009", "gpu010", "gpu1000", "login"])
+        'gpu1000,gpu[008-010],login'
+    """
+    # Zero-padded numbers (n08) keep their width; unpadded ones (n8, n10) fold together, as SLURM's
+    # hostlist does; an unpadded number as wide as a padded one of the same prefix joins it (n09,n10).
     buckets: Dict[Tuple[str, int], List[int]] = {}
     plain: List[str] = []
+    numbered: List[Tuple[str, str]] = []
+    padded: Dict[str, set] = {}
     for h in sorted(set(hosts)):
         m = _HOST_RE.match(h)
         if not m:
             plain.append(h)
             continue
         prefix, digits = m.group(1), m.group(2)
-        buckets.setdefault((prefix, len(digits)), []).append(int(digits))
+        numbered.append((prefix, digits))
+        if len(digits) > 1 and digits[0] == "0":
+            padded.setdefault(prefix, set()).add(len(digits))
+    for prefix, digits in numbered:
+        width = len(digits) if len(digits) in padded.get(prefix, ()) else 0
+        buckets.setdefault((prefix, width), []).append(int(digits))
     parts: List[str] = []
     for (prefix, width), nums in sorted(buckets.items()):
         if len(nums) == 1:

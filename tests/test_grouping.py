@@ -7,6 +7,7 @@ hypothesis; the BLOOM layout is checked literally.
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -330,3 +331,35 @@ def test_hangdocs_own_recorder_wrapper_is_not_the_user_frame():
     assert summarize(stack) == "all_reduce ← <module> (skip_broadcast.py:11)"
     installed = (stack[0], Frame("wrapper", "hangdoc/runtime/recorder.py", 613), stack[2])
     assert summarize(installed) == "all_reduce ← <module> (skip_broadcast.py:11)"
+
+
+def _expand_hosts(text):
+    """SLURM hostlist expansion (the inverse of compress_hosts), for the property below."""
+    import re
+
+    out = set()
+    for m in re.finditer(r"([^,\[\]]+)\[([^\]]+)\]|([^,\[\]]+)", text):
+        if m.group(3):
+            out.add(m.group(3))
+            continue
+        prefix = m.group(1)
+        for run in m.group(2).split(","):
+            a, _, b = run.partition("-")
+            width = len(a) if a.startswith("0") and len(a) > 1 else 0
+            for n in range(int(a), int(b or a) + 1):
+                out.add(f"{prefix}{n:0{width}d}")
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.one_of(
+    st.builds(lambda p, n: f"{p}{n}", st.sampled_from(["n", "gpu", "node-a"]), st.integers(0, 130)),
+    st.builds(lambda p, n: f"{p}{n:03d}", st.sampled_from(["n", "gpu"]), st.integers(0, 130)),
+    st.sampled_from(["login", "localhost"])), min_size=1, max_size=40))
+def test_compressed_hosts_expand_to_the_same_hosts(hosts):
+    from hangdoc.ranges import compress_hosts
+
+    text = compress_hosts(hosts)
+    assert _expand_hosts(text) == hosts
+    # one bracket per prefix and padding: n8..n11 is n[8-11], never n[8-9],n[10-11]
+    assert len(re.findall(r"\[", text)) <= len({re.match(r"(.*?)(\d*)$", h).group(1) for h in hosts}) * 2
