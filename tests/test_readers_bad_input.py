@@ -317,3 +317,11 @@ def test_rank_map_refuses_negative_and_contradictory_ranks(tmp_path):
     p.write_text("node1:1 0\nnode1:1 2\n")
     with pytest.raises(UsageError, match=r"map.txt:2: node1:1 is given rank 2 here and rank 0 before"):
         read_rank_map(str(p))
+
+
+def test_a_py_spy_json_block_that_is_no_list_is_reported_with_its_line(tmp_path):
+    text = ('Process 7: python t.py\n\nThread 7 (idle): "MainThread"\n    main (t.py:3)\n\n'
+            '{"pid": 5, "thread_id": 5, "frames": []}\n')
+    job = read_paths([write(tmp_path, "trace-n1.out", text.encode())])
+    assert [p.pid for p in job.processes] == [7]
+    assert [(e.line, e.message) for e in job.errors] == [(6, "bad py-spy JSON: not a list of threads")]

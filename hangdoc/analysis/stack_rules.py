@@ -622,7 +622,8 @@ class _Analysis:
                 evidence.append(
                     f"Why not blame the ranks stuck in {w.op}: with gloo, the receivers of a {w.op} return as soon as they "
                     f"have the data while the root still waits for every receiver, so ranks that moved on include the one "
-                    f"that skipped it. Stacks cannot tell which of {self.who_b(moved_b)} that is; the collective records can.")
+                    f"that skipped it. " + (f"Stacks cannot tell which of {self.who_b(moved_b)} that is; the collective records can."
+                                            if len(moved) > 1 else f"Only {self.who_b(moved_b)} moved on, so it is that one."))
                 root = w.root
                 if root is not None:
                     evidence.append(f"the {w.op} root is rank {root} (from --locals)")

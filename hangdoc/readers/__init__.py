@@ -133,7 +133,7 @@ def _detect(ctx: FileContext, lineno: int, line: str) -> Optional[BlockParser]:
     elif c in ("C", "S", "F"):
         if _faulthandler.starts(line):
             return _faulthandler.FaulthandlerParser(ctx, lineno)
-    elif c == "[":
+    elif c in ("[", "{"):
         if _pyspy.starts_json(line):
             return _pyspy.PySpyJsonParser(ctx, lineno)
     elif c in ("E", "e"):

@@ -285,7 +285,9 @@ MAX_JSON_LINES = 500_000
 
 
 def starts_json(line: str) -> bool:
-    return line == "[" or line.startswith('[{"pid"') or line.startswith('[ {')
+    """The first line of a py-spy JSON dump, or of what looks like a broken one (reported, not dropped)."""
+    return (line == "[" or line.startswith('[{"pid"') or line.startswith('[ {')
+            or line.startswith(('{"pid"', '{"thread_id"', '[{"thread_id"')))
 
 
 class PySpyJsonParser(BlockParser):
@@ -303,7 +305,7 @@ class PySpyJsonParser(BlockParser):
         if self.done:
             return False
         self.buf.append(line)
-        if line.rstrip() == "]" or (len(self.buf) == 1 and line.rstrip().endswith("]")):
+        if line.rstrip() == "]" or (len(self.buf) == 1 and line.rstrip().endswith(("]", "}"))):
             self._parse(lineno)
             self.done = True
         elif len(self.buf) > MAX_JSON_LINES:
