@@ -187,6 +187,40 @@ def test_script_exception_traceback_as_python_shows_it(tmp_path):
     assert res.stderr.splitlines() == [tag + line for line in plain.stderr.splitlines()], res.stderr
 
 
+def test_unknown_module_and_signal_say_so_in_one_line(script, tmp_path):
+    for mod in ("nosuchmodule", "nosuchpkg.sub"):
+        res = run(hangdoc_cmd("-m", mod), timeout=60)
+        plain = run([sys.executable, "-m", mod], timeout=60)
+        assert res.returncode == plain.returncode == 1
+        assert res.stderr == plain.stderr, res.stderr  # "python: No module named ...", one line
+    res = run(hangdoc_cmd("--dump-signal", "SIGFOO", str(script)), timeout=60)
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "hangdoc run: error: --dump-signal SIGFOO: no such signal (e.g. SIGUSR1, SIGUSR2, 'none')")
+    assert run(hangdoc_cmd("--dump-signal", "usr2", str(script)), cwd=str(tmp_path), timeout=60).returncode == 0
+
+
+def test_ctrl_c_shows_where_the_script_was_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "slow.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen(hangdoc_cmd("slow.py"), cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().endswith("ready\n")
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    tag = f"[{HOST}:0] "
+    assert p.returncode == 130
+    assert err.splitlines()[0] == tag + "Traceback (most recent call last):"
+    assert tag + '  File "' + str(tmp_path / "slow.py") + '", line 3, in <module>' in err.splitlines()
+    assert err.splitlines()[-1] == tag + "KeyboardInterrupt"
+
+
 def test_a_helper_that_cannot_start_does_not_stop_the_job(tmp_path):
     from hangdoc.runtime.nicertrace import NicerTrace
 

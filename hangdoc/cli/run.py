@@ -50,6 +50,27 @@ def run(args: argparse.Namespace) -> int:
     if args.hang_timeout is not None and args.hang_timeout <= 0:
         raise UsageError("--hang-timeout must be positive")
     signal_name = None if str(args.dump_signal).lower() in ("none", "", "0") else args.dump_signal
+    if signal_name is not None:
+        from hangdoc.runtime.options import signal_number
+
+        try:
+            signal_number(signal_name)
+        except (AttributeError, ValueError):
+            raise UsageError(f"--dump-signal {signal_name}: no such signal (e.g. SIGUSR1, SIGUSR2, 'none')")
+    if args.module:
+        import importlib.util
+
+        # as `python -m` says it: one line, exit status 1 (a package that raises while imported
+        # other than with ImportError is the script's error, shown with its traceback later)
+        try:
+            missing = None if importlib.util.find_spec(args.module) is not None else f"No module named {args.module}"
+        except ImportError as e:
+            missing = f"Error while finding module specification for {args.module!r} ({type(e).__name__}: {e})"
+        except Exception:
+            missing = None
+        if missing:
+            print(f"{sys.executable}: {missing}", file=sys.stderr)
+            return 1
 
     def main() -> None:
         if args.module:
@@ -64,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
     def main_with_clean_traceback() -> None:
         try:
             main()
+        except KeyboardInterrupt as e:
+            # Ctrl-C: the traceback Python shows (where the script was), and the status of SIGINT
+            e.with_traceback(_strip_wrapper_frames(e.__traceback__))
+            sys.excepthook(type(e), e, e.__traceback__)
+            raise SystemExit(130) from None
         except Exception as e:
             # Show the traceback as `python script.py` would: from the script's first frame on,
             # without hangdoc's and runpy's frames in front of it. Exit status 1, as Python's.

@@ -20,11 +20,12 @@ carries host, rank (or local rank) and pid, so ranks never write the same file a
 from __future__ import annotations
 
 import os
-from typing import Optional
+import signal
+from typing import Optional, Union
 
 from hangdoc.runtime.identity import Identity, identity
 
-__all__ = ["output_dir", "file_name", "file_path", "DEFAULT_OUT", "ENV_OUT", "KINDS"]
+__all__ = ["output_dir", "file_name", "file_path", "signal_number", "DEFAULT_OUT", "ENV_OUT", "KINDS"]
 
 DEFAULT_OUT = "hangdoc-out"
 ENV_OUT = "HANGDOC_OUT"
@@ -63,3 +64,22 @@ def file_name(kind: str, ident: Optional[Identity] = None) -> str:
 def file_path(kind: str, out: Optional[str] = None, ident: Optional[Identity] = None) -> str:
     """``output_dir(out)`` joined with ``file_name(kind, ident)``; creates the directory."""
     return os.path.join(output_dir(out), file_name(kind, ident))
+
+
+def signal_number(signum: Union[int, str, None]) -> Optional[int]:
+    """A signal given as ``SIGUSR1``, ``usr1``, ``10`` or a number; None for none.
+    Raises AttributeError for a name that is no signal.
+
+        >>> signal_number("usr2") == signal.SIGUSR2, signal_number(None)
+        (True, None)
+    """
+    if signum is None or signum == "" or signum == 0:
+        return None
+    if isinstance(signum, str):
+        name = signum.upper()
+        if name.isdigit():
+            return int(name)
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        return int(getattr(signal, name))
+    return int(signum)

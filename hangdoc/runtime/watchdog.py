@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Any, Optional, Tuple, Union
 
+from hangdoc.runtime.options import signal_number
+
 # Bumped by step()/heartbeat(); a bare int increment so that calling them costs nothing measurable
 # (and nothing at all beyond that when no watchdog runs).
 _beats = 0
@@ -81,19 +83,6 @@ def get() -> Optional["Watchdog"]:
     return _current
 
 
-def _signal_number(signum: Union[int, str, None]) -> Optional[int]:
-    if signum is None or signum == "" or signum == 0:
-        return None
-    if isinstance(signum, str):
-        name = signum.upper()
-        if name.isdigit():
-            return int(name)
-        if not name.startswith("SIG"):
-            name = "SIG" + name
-        return int(getattr(signal, name))
-    return int(signum)
-
-
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -125,7 +114,7 @@ class Watchdog:
         from hangdoc.runtime.options import output_dir
 
         self.out_dir = output_dir(out_dir, create=False)
-        self.signum = _signal_number(signum)
+        self.signum = signal_number(signum)
         self.report = report
         self.record = record
         self.redump_factor = redump_factor
