@@ -143,3 +143,56 @@ def test_dump_now_and_progress_functions_cost_nothing_without_a_watchdog(tmp_pat
     finally:
         wd.stop()
     assert wd.get() is None
+
+
+LATE_HANDLER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    sys.path.insert(0, {root!r})
+    from hangdoc.runtime import watchdog
+    from hangdoc.collect import signal_file
+    handled = []
+    if {before!r}:
+        signal.signal(signal.SIGUSR1, lambda *a: handled.append(1))
+    dog = watchdog.start(30, out_dir={out!r}, record=False, report=False)
+    print("dump would signal", signal_file(os.getpid()) is not None, flush=True)
+    if not {before!r}:
+        signal.signal(signal.SIGUSR1, lambda *a: handled.append(1))  # the job's own, after wrap
+        time.sleep(4 * dog.poll + 0.2)
+    print("dump would signal", signal_file(os.getpid()) is not None, flush=True)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.2)
+    print("handled", len(handled), flush=True)
+    watchdog.stop()
+    os.kill(os.getpid(), signal.SIGUSR1)  # still the job's handler after stop, not SIG_DFL
+    time.sleep(0.2)
+    print("handled", len(handled), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_the_job_s_own_handler_for_the_dump_signal_is_never_fired_by_hangdoc_dump(tmp_path, before):
+    """SIGUSR1 may be the job's (SLURM sends it before preemption): ``hangdoc dump`` must not send it
+    to read stacks, and the job's handler must survive the watchdog, set before or after it."""
+    code = LATE_HANDLER.format(root=ROOT, out=str(tmp_path / "out"), before=before)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # before the job sets a handler of its own, the signal is hangdoc's to use; after, never
+    assert res.stdout.splitlines() == [f"dump would signal {not before}", "dump would signal False", "handled 1", "handled 2"]
+    assert ("set its own SIGUSR1 handler" in res.stderr) == (not before)
+
+
+def test_signal_files_of_dead_processes_are_removed(tmp_path):
+    import tempfile
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    stale = os.path.join(tempfile.gettempdir(), f"hangdoc-signal-{dead}-SIGUSR1-test.txt")
+    open(stale, "w").close()
+    code = f"import sys; sys.path.insert(0, {ROOT!r}); from hangdoc.runtime import watchdog; watchdog.start(30, out_dir={str(tmp_path)!r}, record=False, report=False); watchdog.stop()"
+    try:
+        assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+        assert not os.path.exists(stale)
+    finally:
+        if os.path.exists(stale):
+            os.unlink(stale)

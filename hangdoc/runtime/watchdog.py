@@ -138,6 +138,10 @@ class Watchdog:
         self._next_dump = 0.0
         self._sig_file: Any = None
         self._sig_offset = 0
+        #: the Python-level handler of the dump signal when faulthandler took it over; another one
+        #: later means the job installed its own (see _check_displaced)
+        self._sig_before: Any = None
+        self._displaced = False
         self._recorder: Any = None
         self._errors = 0
         self._store_ready = False
@@ -160,10 +164,12 @@ class Watchdog:
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2 * self.poll + 1)
         if self._sig_file is not None:
-            try:
-                faulthandler.unregister(self.signum)
-            except Exception:
-                pass
+            if not self._displaced:
+                # (once the job has its own handler, unregistering would put SIG_DFL back over it)
+                try:
+                    faulthandler.unregister(self.signum)
+                except Exception:
+                    pass
             name = self._sig_file.name
             try:
                 self._sig_file.close()
@@ -176,15 +182,43 @@ class Watchdog:
 
     def _register_signal(self) -> None:
         name = _signal_name(self.signum)
-        self._sig_file = tempfile.NamedTemporaryFile(
-            mode="w+b", prefix=f"{SIGNAL_FILE_PREFIX}{os.getpid()}-{name}-", suffix=".txt", delete=False
-        )
+        _remove_stale_signal_files()
         # Chain only to a real handler: faulthandler "chains" by restoring the previous action and
         # re-raising, which for SIG_DFL of SIGUSR1 would terminate the job.
         previous = signal.getsignal(self.signum)
         chain = previous not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        # A signal the job handles itself (SLURM's SIGUSR1 before preemption, say) still dumps when
+        # someone sends it, and the job's handler still runs; but ``hangdoc dump`` must not send it
+        # just to read stacks: the file's name ("-shared-") keeps it from finding this process.
+        prefix = f"{SIGNAL_FILE_PREFIX}shared-" if chain else SIGNAL_FILE_PREFIX
+        self._sig_file = tempfile.NamedTemporaryFile(
+            mode="w+b", prefix=f"{prefix}{os.getpid()}-{name}-", suffix=".txt", delete=False
+        )
         faulthandler.register(self.signum, file=self._sig_file, all_threads=True, chain=chain)
+        self._sig_before = previous
         os.environ[SIGNAL_ENV] = name
+
+    def _check_displaced(self) -> None:
+        """The job installed its own handler for the dump signal after us (``signal.signal``):
+        faulthandler no longer sees the signal. Step aside: rename the file so ``hangdoc dump``
+        does not send the job's signal for stacks, and leave the handler alone at stop."""
+        if self._sig_file is None or self._displaced:
+            return
+        now = signal.getsignal(self.signum)
+        if now is self._sig_before or now == self._sig_before:
+            return
+        self._displaced = True
+        name = self._sig_file.name
+        off = os.path.join(os.path.dirname(name), os.path.basename(name).replace(SIGNAL_FILE_PREFIX, SIGNAL_FILE_PREFIX + "off-", 1))
+        try:
+            os.rename(name, off)
+            self._sig_file.name = off
+        except (OSError, AttributeError):
+            pass
+        if os.environ.get(SIGNAL_ENV) == _signal_name(self.signum):
+            os.environ.pop(SIGNAL_ENV, None)
+        _say(f"hangdoc watchdog: the job set its own {_signal_name(self.signum)} handler; "
+             f"no signal dumps from now on (choose another signal with --dump-signal)")
 
     # -- progress ---------------------------------------------------------------------------
     def _progress(self) -> Tuple[int, int]:
@@ -225,6 +259,7 @@ class Watchdog:
                 _say("hangdoc watchdog: progress again after %.1fs; the stall is over" % (now - previous))
                 self._recovered()
         self._check_signal_file()
+        self._check_displaced()
         if self.report and not self._stalled and not self._store_ready:
             from hangdoc.runtime import exchange
 
@@ -316,6 +351,30 @@ class Watchdog:
         return self.last_paths
 
 
+def _remove_stale_signal_files(limit: int = 2000) -> None:
+    """Signal files of processes that are gone (killed before ``stop``, which removes its own)."""
+    import glob
+
+    try:
+        paths = glob.glob(os.path.join(tempfile.gettempdir(), SIGNAL_FILE_PREFIX + "*.txt"))[:limit]
+    except Exception:
+        return
+    for path in paths:
+        parts = os.path.basename(path)[len(SIGNAL_FILE_PREFIX):].split("-")
+        pid = next((int(x) for x in parts if x.isdigit()), None)
+        if pid is None or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError:
+            pass  # alive, another user's
+
+
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker) has no watchdog thread; without this it would still
     # answer the dump signal by writing into its parent's signal file.
@@ -323,7 +382,8 @@ def _after_fork_in_child() -> None:
     dog, _current = _current, None
     if dog is not None and dog._sig_file is not None:
         try:
-            faulthandler.unregister(dog.signum)
+            if not dog._displaced:
+                faulthandler.unregister(dog.signum)
         except Exception:
             pass
         dog._sig_file = None
