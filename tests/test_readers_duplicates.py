@@ -76,3 +76,21 @@ def _text_map(path):
     from hangdoc.cli.aggregate import read_rank_map
 
     return read_rank_map(path)
+
+
+def test_a_process_whose_stack_moved_between_two_dumps_is_said_to_be_moving(tmp_path):
+    from hangdoc.analysis import analyse
+
+    block = 'Process {pid}: python train.py\nPython v3.11.7\n\nThread {pid} (active): "MainThread"\n    {fn} (train.py:{line})\n    main (train.py:40)\n\n'
+    first = block.format(pid=11, fn="all_reduce", line=9) + block.format(pid=12, fn="load", line=20)
+    second = block.format(pid=11, fn="all_reduce", line=9) + block.format(pid=12, fn="forward", line=30)
+    for sub, text in (("first", first), ("later", second)):  # srun --output=trace-%N.out, twice
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "trace-n1.out").write_text(text)
+    job = read_paths([str(tmp_path / "first"), str(tmp_path / "later")], rank_map={"n1:11": 0, "n1:12": 1})
+    assert sorted(p.pid for p in job.processes) == [11, 12]
+    by_pid = {p.pid: p for p in job.processes}
+    assert by_pid[12].meta["snapshots"] == 2 and by_pid[12].meta["moved"] is True
+    assert "moved" not in by_pid[11].meta
+    head = analyse(job).findings[0]
+    assert any(e.startswith("rank 1 (n1 pid 12): its stack changed between its 2 dumps") for e in head.evidence)

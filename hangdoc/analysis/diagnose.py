@@ -53,6 +53,8 @@ def diagnose(report: Report) -> List[Finding]:
             origins[id(f)] = _ORIGIN.get(spec, spec)
         found.extend(got)
     found = merge(found, origins)
+    if found:
+        found[0].evidence.extend(_process_notes(report, found[0]))
     if not found:
         found = [
             Finding(
@@ -63,6 +65,30 @@ def diagnose(report: Report) -> List[Finding]:
             )
         ]
     return found
+
+
+#: processes whose own notes (a printed exception, a stack that moved) a headline lists at most.
+MAX_NOTES = 5
+
+
+def _process_notes(report: Report, headline: Finding) -> List[str]:
+    """What the readers learnt about single processes that bears on the verdict: the exception a
+    rank printed (folded in from a log) and a stack that changed between two dumps of one process
+    (it was moving, not stuck). Culprits first."""
+    culprits = {(c.host, c.pid, c.rank) for c in headline.culprits}
+    noted = [p for p in report.job.processes if "exception" in p.meta or p.meta.get("moved")]
+    noted.sort(key=lambda p: ((p.host, p.pid, p.rank) not in culprits, p.key))
+    out: List[str] = []
+    for p in noted[:MAX_NOTES]:
+        if "exception" in p.meta:
+            at = f" ({p.meta['exception_at']})" if p.meta.get("exception_at") else ""
+            out.append(f"{p.describe()} printed {p.meta['exception']}{at}")
+        if p.meta.get("moved"):
+            out.append(f"{p.describe()}: its stack changed between its {p.meta.get('snapshots', 2)} dumps, "
+                       f"so it was moving when dumped, not stuck where one dump shows it")
+    if len(noted) > MAX_NOTES:
+        out.append(f"… and {len(noted) - MAX_NOTES} more processes with such notes")
+    return out
 
 
 def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> List[Finding]:

@@ -852,7 +852,7 @@ def _python_stack(p: Process) -> Tuple[Tuple[str, str, Optional[int]], ...]:
 
 def _merge_duplicates(job: Job) -> None:
     """One process, one entry: the same ``host:pid`` read twice (a plain and a ``--native`` dump,
-    two snapshots in one file) keeps its richest readable dump; the traceback a rank printed as it
+    two snapshots in one file) keeps its richest readable dump (of equals, the one read last); the traceback a rank printed as it
     died (pid unknown, read from a log) folds into that rank's live dump when there is one.
 
     What was folded stays visible: ``meta["snapshots"]`` counts the dumps of the process,
@@ -867,7 +867,7 @@ def _merge_duplicates(job: Job) -> None:
     for same in by_pid.values():
         if len(same) < 2:
             continue
-        keep = max(same, key=lambda p: (p.status == STATUS_OK, _frame_count(p), -same.index(p)))
+        keep = max(same, key=lambda p: (p.status == STATUS_OK, _frame_count(p), same.index(p)))  # ties: the last read
         keep.meta["snapshots"] = len(same)
         stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
         if len(stacks) > 1:
