@@ -852,8 +852,9 @@ def _python_stack(p: Process) -> Tuple[Tuple[str, str, Optional[int]], ...]:
 
 def _merge_duplicates(job: Job) -> None:
     """One process, one entry: the same ``host:pid`` read twice (a plain and a ``--native`` dump,
-    two snapshots in one file) keeps its richest readable dump (of equals, the one read last); the traceback a rank printed as it
-    died (pid unknown, read from a log) folds into that rank's live dump when there is one.
+    two snapshots in one file) keeps its richest readable dump (of equals, the one read last); the
+    traceback a rank printed as it died (pid unknown, read from a log) folds into that rank's live
+    dump when there is one.
 
     What was folded stays visible: ``meta["snapshots"]`` counts the dumps of the process,
     ``meta["moved"]`` says its Python stack differed between them (it was not stuck), and
