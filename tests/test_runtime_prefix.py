@@ -310,23 +310,36 @@ def test_a_forked_child_that_outlives_the_job_writes_its_megabyte(tmp_path):
     assert lines[1:] == [tag + "%05d" % i + "x" * 94 for i in range(11000)]
 
 
-def test_ctrl_c_to_the_group_still_prints_the_prefixed_traceback(tmp_path):
-    # SIGINT (and a launcher's SIGTERM) reach the whole process group: the drainer ignores them
-    # and stays until the job's KeyboardInterrupt traceback is written.
-    script = tmp_path / "int.py"
-    script.write_text(textwrap.dedent('''\
-        import os, signal, time
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_whole_group_still_lets_the_last_words_out(tmp_path, sig):
+    # Ctrl-C and a launcher's SIGTERM reach the whole process group: the drainer ignores them and
+    # stays until the job's KeyboardInterrupt traceback, or its SIGTERM handler's goodbye, is written.
+    script = tmp_path / "sig.py"
+    script.write_text(textwrap.dedent(f'''\
+        import os, signal, sys, time
         import hangdoc
+
+        def bye(signum, frame):
+            print("caught SIGTERM, saving a checkpoint")
+            time.sleep(0.3)
+            print("saved")
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, bye)
         hangdoc.prefix_output()
         print("before")
-        os.killpg(os.getpgrp(), signal.SIGINT)
+        os.killpg(os.getpgrp(), signal.{sig})
         time.sleep(30)
         '''))
     res = run([sys.executable, str(script)], timeout=60)
-    assert not res.timed_out and res.returncode == -2, res.stderr  # Python dies of the SIGINT it re-raises
     tag = f"[{HOST}:0] "
-    assert res.stdout == tag + "before\n"
-    assert res.stderr.splitlines()[-1] == tag + "KeyboardInterrupt", res.stderr
+    if sig == "SIGINT":
+        assert not res.timed_out and res.returncode == -2, res.stderr  # Python dies of the SIGINT it re-raises
+        assert res.stdout == tag + "before\n"
+        assert res.stderr.splitlines()[-1] == tag + "KeyboardInterrupt", res.stderr
+    else:
+        assert not res.timed_out and res.returncode == 143, res.stderr
+        assert res.stdout.splitlines() == [tag + "before", tag + "caught SIGTERM, saving a checkpoint", tag + "saved"]
 
 
 def _drainers(pgid):
@@ -345,9 +358,12 @@ def _drainers(pgid):
 def test_the_drainer_leaves_by_itself_once_the_job_is_gone(procs, tmp_path):
     script = tmp_path / "j.py"
     script.write_text("import hangdoc, time\nhangdoc.prefix_output()\nprint('hi', flush=True)\ntime.sleep(1)\n")
-    p = procs.spawn([sys.executable, str(script)])
-    assert p.stdout.readline() == f"[{HOST}:0] hi\n"
-    assert len(_drainers(p.pid)) == 1  # the job leads its own group; the drainer is in it
+    p = procs.spawn([sys.executable, str(script)], env={"RANK": "4", "WORLD_SIZE": "8"})
+    assert p.stdout.readline() == f"[{HOST}:4] hi\n"
+    [drainer] = _drainers(p.pid)  # the job leads its own group; the drainer is in it
+    with open(f"/proc/{drainer}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    assert b"RANK" not in env and b"WORLD_SIZE" not in env  # `hangdoc dump` must not see a second rank 4
     p.wait(timeout=30)
     deadline = time.monotonic() + 10
     while _drainers(p.pid) and time.monotonic() < deadline:

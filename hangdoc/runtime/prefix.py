@@ -22,8 +22,8 @@ Templates accept torchrun's ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` names (``$
 Why a process and not a thread of the job: a thread dies with the job, so whatever is still in
 the pipe when the job segfaults, aborts, calls ``os._exit`` or is killed (faulthandler's report
 first of all) would be lost, and a forked child that outlives the job would block on a full pipe.
-The drainer ignores SIGINT/SIGTERM/SIGHUP and runs until every writer (the job and any child that
-inherited fd 1/2) has closed its end; it is started once (``sys.executable -S``, ~10 ms) and needs
+The drainer ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 and runs until every writer (the
+job and any child that inherited fd 1/2) has closed its end; it is started once (``sys.executable -S``, ~10 ms) and needs
 no GIL of the job, so lines reach the console in the order the job wrote them, as far as two pipes
 allow. Where it cannot be started, a thread of the job does the same work (one warning).
 
@@ -66,6 +66,10 @@ PIPE_SIZE = 1 << 20  # room for C++ threads' bursts (NCCL's timeout lines) while
 READ_SIZE = 1 << 16
 MAX_HELD = 1 << 16  # an unfinished segment longer than this is written as it is
 START_TIMEOUT = 5.0  # the most prefix_output waits for the drainer to report ready
+# A pipe that brings reads of < COALESCE_BELOW bytes less than COALESCE_WITHIN s apart, while the
+# other has been QUIET s, is left to gather for COALESCE_FOR s: one wake-up per tqdm redraw cost the
+# drainer ~6 us, and the job as much where the two share a core.
+COALESCE_BELOW, COALESCE_WITHIN, COALESCE_FOR, QUIET = 1024, 0.001, 0.0003, 0.05
 
 _lock = _thread.allocate_lock()
 _active: "_Session | None" = None
@@ -264,15 +268,29 @@ class _Drainer:
             os.set_blocking(self.ctl, False)
             poller.register(self.ctl, select.POLLIN)
         live = dict(self.pipes)
+        woke = 0.0
         while live:
             events = poller.poll(self._timeout_ms(live))
+            small = None
             for fd, _ in events:
                 if fd == self.ctl:
                     self._control(poller)
-                elif fd in live and not self._pump(live[fd]):
-                    poller.unregister(fd)
-                    del live[fd]
+                elif fd in live:
+                    got = self._pump(live[fd])
+                    if got < 0:
+                        poller.unregister(fd)
+                        del live[fd]
+                    elif 0 < got < COALESCE_BELOW:
+                        small = live[fd] if small is None else False
             self._flush_idle(live)
+            now = time.monotonic()
+            if small and now - woke < COALESCE_WITHIN and all(
+                    p is small or now - p.last > QUIET for p in live.values()):
+                # Tiny writes in quick succession on one pipe alone (a progress bar redrawn in a
+                # tight loop): let a few gather rather than wake for each. Never while another
+                # pipe is active, whose order against this one it would blur.
+                time.sleep(COALESCE_FOR)
+            woke = now
 
     def _timeout_ms(self, live: "dict[int, _Pipe]") -> "int | None":
         due = [p.last + self.idle_flush for p in live.values() if p.prefixer.held]
@@ -286,22 +304,22 @@ class _Drainer:
             if p.prefixer.held and now - p.last >= self.idle_flush:
                 self._emit(p, p.prefixer.finish())
 
-    def _pump(self, p: _Pipe) -> bool:
-        """One read of ``p``; False at EOF."""
+    def _pump(self, p: _Pipe) -> int:
+        """One read of ``p``: the bytes read, -1 at EOF."""
         try:
             data = os.read(p.fd, READ_SIZE)
         except (BlockingIOError, InterruptedError):
-            return True
+            return 0
         if not data:
             self._emit(p, p.prefixer.finish())
-            return False
+            return -1
         p.last = time.monotonic()
         out = p.prefixer.feed(data)
         if p.prefixer.held > MAX_HELD:
             out += p.prefixer.finish()
         if out:
             self._emit(p, out)
-        return True
+        return len(data)
 
     def _control(self, poller: "select.poll") -> None:
         try:
@@ -393,9 +411,10 @@ def _drain_main(argv: "list[str]") -> None:
         import _signal as signal  # `signal` would import enum: ~3 ms
     except ImportError:
         import signal  # type: ignore[no-redef]
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        # Ctrl-C and a launcher's SIGTERM go to the job's whole process group: the drainer must
-        # stay to write the job's last words (its KeyboardInterrupt traceback) and leaves at EOF.
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"):
+        # Ctrl-C, Ctrl-\ and a launcher's SIGTERM go to the job's whole process group, a dump
+        # signal sent by name (pkill -USR1 python) may reach it too: the drainer must stay to write
+        # the job's last words (its KeyboardInterrupt traceback) and leaves at EOF.
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     # Fork once more and let the first child exit at once: the job reaps it now, and the drainer
     # is nobody's child (no zombie in the job, not killed by a job that kills its children at exit),
@@ -447,7 +466,7 @@ def _spawn(pipes: "list[tuple[int, int]]", prefix: bytes, idle_flush: float, loc
     args += [f"{r}:{o}" for r, o in pipes]
     try:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True,
-                                pass_fds=[fd] + [x for pair in pipes for x in pair])
+                                pass_fds=[fd] + [x for pair in pipes for x in pair], env=_drainer_env())
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         ours.close()
         theirs.close()
@@ -458,14 +477,12 @@ def _spawn(pipes: "list[tuple[int, int]]", prefix: bytes, idle_flush: float, loc
         ready = ours.recv(16)
     except OSError:
         ready = b""
+    if ready != b"R":
+        proc.kill()  # the first child, if still there; its drainer (if forked) finds EOF and leaves
     try:
-        proc.wait(1.0)  # the first child exits right after its fork
+        proc.wait(1.0)  # the first child exits right after its fork (a drainer that could not fork stays)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        try:
-            proc.wait(1.0)
-        except subprocess.TimeoutExpired:
-            _orphans.append(proc)
+        _orphans.append(proc)
     if ready != b"R":
         ours.close()  # a drainer that starts after all finds EOF everywhere and leaves
         raise _NoDrainer(f"the drainer process did not start (exit status {proc.returncode})")
@@ -474,6 +491,15 @@ def _spawn(pipes: "list[tuple[int, int]]", prefix: bytes, idle_flush: float, loc
 
 
 _orphans: list = []  # Popen objects kept alive, so that no ResourceWarning fires at exit
+
+
+def _drainer_env() -> "dict[str, str]":
+    # Without the launcher's rank variables: `hangdoc dump` must not take the drainer (a Python
+    # process in the job's process group) for a second process of this rank.
+    from hangdoc.runtime import identity as ident
+
+    names = {*ident._RANK_VARS, *ident._LOCAL_RANK_VARS, *ident._WORLD_VARS, *ident._LOCAL_WORLD_VARS}
+    return {k: v for k, v in os.environ.items() if k not in names}
 
 
 class _Session:
@@ -488,6 +514,7 @@ class _Session:
         self.reads: "dict[int, int]" = {}
         self.writes: "dict[int, int]" = {}
         self.pipe_ids: "dict[int, str]" = {}
+        self.saved_ids: "dict[int, str]" = {}
         self.restored = False
         self.sock = None
         self.flushed = threading.Event()
@@ -497,6 +524,7 @@ class _Session:
         try:
             for fd in fds:
                 self.saved[fd] = os.dup(fd)  # not inheritable: only the drainer gets a copy
+                self.saved_ids[fd] = _file_id(self.saved[fd])
             self._make_pipes()
             self.mode = self._start_drainer(mode, prefix, idle_flush)
         except BaseException:
@@ -530,8 +558,7 @@ class _Session:
                 fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
             except Exception:
                 pass
-            st = os.fstat(w)
-            self.pipe_ids[fd] = f"{st.st_dev}:{st.st_ino}"
+            self.pipe_ids[fd] = _file_id(w)
 
     def _start_drainer(self, mode: str, prefix: bytes, idle_flush: float) -> str:
         import socket
@@ -598,7 +625,7 @@ class _Session:
                 _active = None
         moved = False
         for fd, saved in self.saved.items():
-            if self._ours(fd):
+            if self._ours(fd) and self._saved_intact(fd):
                 try:
                     os.dup2(saved, fd)
                     moved = True
@@ -611,11 +638,10 @@ class _Session:
                 pass
 
     def _ours(self, fd: int) -> bool:
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            return False
-        return f"{st.st_dev}:{st.st_ino}" == self.pipe_ids[fd]
+        return _file_id(fd) == self.pipe_ids[fd]
+
+    def _saved_intact(self, fd: int) -> bool:
+        return _file_id(self.saved[fd]) == self.saved_ids[fd]
 
     def restore(self, timeout: float = 2.0) -> None:
         _flush_python_streams()
@@ -633,6 +659,8 @@ class _Session:
         else:
             os.environ[PREFIX_PIPES_ENV] = self.saved_env
         for fd, saved in self.saved.items():
+            if not self._saved_intact(fd):  # the program closed it (closerange); the number may be reused
+                continue
             try:
                 if self._ours(fd):  # not where the program put something else there since
                     os.dup2(saved, fd)  # closes this process's write end of the pipe
@@ -682,6 +710,14 @@ class _Session:
         if self.watcher is not None:
             self.watcher.join(1.0)
         self.sock.close()
+
+
+def _file_id(fd: int) -> str:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 def _locked_write(fd: int, data: bytes) -> None:
