@@ -168,8 +168,9 @@ def main() -> None:
             base_old = table.get((name, "old"))
             base_none = table.get((name, "none"))
             pick = (lambda b: b["start"] + b["restore"]) if name.startswith("start") else (lambda b: b["work"])
-            ro = f"{t / pick(base_old):.2f}" if base_old and pick(base_old) > 0 else "-"
-            rn = f"{t / pick(base_none):.2f}" if base_none and pick(base_none) > 0 else "-"
+            # (no ratio against nothing: ``none`` starts in ~0 ms)
+            ro = f"{t / pick(base_old):.2f}" if base_old and pick(base_old) > 1e-4 else "-"
+            rn = f"{t / pick(base_none):.2f}" if base_none and pick(base_none) > 1e-4 else "-"
             notes = []
             if name.startswith("start"):
                 notes.append(f"start {r['start'] * 1e3:.1f} ms, restore {r['restore'] * 1e3:.1f} ms")

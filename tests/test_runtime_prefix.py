@@ -39,14 +39,18 @@ def expected(prefix: bytes, data: bytes) -> bytes:
 def test_prefixer_never_splits_or_loses_a_line(chunks, prefix):
     # However the bytes are chunked, and wherever an idle flush (finish) falls, the output is the
     # input with exactly one prefix at the start of every line.
+    assert prefixed(prefix, chunks) == expected(prefix, b"".join(d for d, _ in chunks))
+
+
+def prefixed(prefix, chunks):
+    """What a Prefixer makes of ``chunks`` ((data, idle flush after it) pairs), all finished."""
     p = Prefixer(prefix)
     out = b""
     for data, idle in chunks:
         out += p.feed(data)
         if idle:
             out += p.finish()
-    out += p.finish()
-    assert out == expected(prefix, b"".join(d for d, _ in chunks))
+    return out + p.finish()
 
 
 @settings(max_examples=200, deadline=None)
@@ -85,10 +89,11 @@ PROGRAM = textwrap.dedent('''\
     ''')
 
 
-def test_every_kind_of_output_is_prefixed_and_tracebacks_too(tmp_path):
+@pytest.mark.parametrize("mode", ["process", "thread"])  # thread: the fallback where no drainer process starts
+def test_every_kind_of_output_is_prefixed_and_tracebacks_too(tmp_path, mode):
     script = tmp_path / "p.py"
     script.write_text(PROGRAM)
-    res = run([sys.executable, str(script)], timeout=60, env={"RANK": "5", "WORLD_SIZE": "8"})
+    res = run([sys.executable, str(script)], timeout=60, env={"RANK": "5", "WORLD_SIZE": "8", "HANGDOC_PREFIX_MODE": mode})
     assert res.returncode == 1
     tag = f"[{HOST}:5] "
     out = res.stdout.splitlines()
@@ -206,14 +211,7 @@ PIECES = st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"\n\n", b"\r\r", 
 )
 def test_prefixer_with_carriage_returns_matches_the_byte_by_byte_rule(chunks, prefix):
     # Chunking and idle flushes (finish) change when bytes come out, never what comes out.
-    p = Prefixer(prefix)
-    out = b""
-    for data, idle in chunks:
-        out += p.feed(data)
-        if idle:
-            out += p.finish()
-    out += p.finish()
-    assert out == reference(prefix, b"".join(d for d, _ in chunks))
+    assert prefixed(prefix, chunks) == reference(prefix, b"".join(d for d, _ in chunks))
 
 
 def test_progress_bar_reads_with_its_prefix_at_every_redraw():
@@ -414,17 +412,6 @@ def test_without_a_python_to_start_it_falls_back_to_a_thread_with_one_warning(tm
     err = res.stderr.splitlines()
     assert sum("prefixing in a thread of this process instead" in line for line in err) == 1, res.stderr
     assert err[-1] == f"[{HOST}:0] to stderr", res.stderr
-
-
-def test_thread_mode_prefixes_every_kind_of_output_too(tmp_path):
-    script = tmp_path / "p.py"
-    script.write_text(PROGRAM)
-    res = run([sys.executable, str(script)], timeout=60, env={"RANK": "5", "HANGDOC_PREFIX_MODE": "thread"})
-    assert res.returncode == 1
-    tag = f"[{HOST}:5] "
-    assert res.stdout.splitlines() == [tag + "from print", tag + "half a line", tag + "from os.write",
-                                       tag + "from C printf", tag + "partial at exit"], res.stdout
-    assert res.stderr.splitlines()[-1] == tag + "RuntimeError: boom"
 
 
 # -- \r progress bars: prompt, prefixed, cheap ----------------------------------------------------
