@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+import time
 
 import pytest
 
@@ -285,3 +286,157 @@ def test_skips_itself(rank):
     result = run(pytester, "-rxXs")
     result.assert_outcomes(xfailed=1, failed=1, skipped=2)
     result.stdout.fnmatch_lines(["*XPASS(strict)*should diverge but does not*"])
+
+
+# -- the timeout on the fake backend: ranks run in this process, and still never hang it ---------
+
+HANG_TESTS = HEADER + """
+import subprocess, sys, threading
+
+@pytest.mark.world_size(4, backend="fake", timeout=1)
+def test_event(rank):
+    dist.all_reduce(torch.ones(2))
+    if rank == 2:
+        threading.Event().wait()            # nobody ever sets it
+    dist.all_reduce(torch.ones(2))
+
+@pytest.mark.world_size(2, backend="fake", timeout=1)
+def test_go_never_arrives(rank):
+    go = torch.zeros(1)
+    if rank == 0:
+        go.fill_(1)
+    while go.item() == 0:                   # the fake group never delivers rank 0's go
+        dist.broadcast(go, src=0)
+
+@pytest.mark.world_size(2, backend="fake", timeout=1)
+def test_waits_for_its_child(rank, tmp_path):
+    if rank == 1:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(tmp_path)])
+        child.wait()
+
+def test_after():
+    pass
+"""
+
+
+def run_bounded(pytester, *args, timeout=120):
+    """A pytest subprocess that cannot hang this test: before the fix, it would have."""
+    try:
+        return pytester.runpytest_subprocess(*plugin_args(), "-p", "no:cacheprovider", "-p", "no:xdist",
+                                             *args, timeout=timeout)
+    except pytester.TimeoutExpired:
+        pytest.fail(f"the pytest run hung (killed after {timeout} s)")
+
+
+def test_hanging_in_process_ranks_are_interrupted_reported_and_cleaned_up(pytester):
+    from tests.test_plugin_gloo import assert_no_orphans
+
+    pytester.makepyfile(test_hang=HANG_TESTS)
+    t0 = time.monotonic()
+    result = run_bounded(pytester, "-rf")
+    assert time.monotonic() - t0 < 60
+    result.assert_outcomes(failed=3, passed=1)  # the session went on after each hang
+
+    text = failure_text(result, "test_event")
+    # which rank, how long, and what became of the others (they run one after another)
+    assert text.startswith("hang: rank 2 did not finish within 1 s (world size 4, fake backend); "
+                           "ranks 0-1 finished, rank 3 did not run")
+    # where it was: the rank's stack, from the test function in
+    assert re.search(r"---- rank 2 stacks at the timeout ----\nThread MainThread \(most recent call last\):\n"
+                     r'  File ".*test_hang.py", line 10, in test_event\n    threading.Event\(\).wait\(\)', text)
+    assert "pluggy" not in text and "_pytest" not in text
+    # its one all_reduce is a prefix of the others' two: no divergence of its own
+    assert "collective order diverged" not in text
+    result.stdout.fnmatch_lines(["FAILED test_hang.py::test_event - hang: rank 2 did not finish within 1 s*"])
+
+    loop = failure_text(result, "test_go_never_arrives")
+    assert loop.startswith("hang: rank 1 did not finish within 1 s (world size 2, fake backend); rank 0 finished")
+    assert re.search(r"line 19, in test_go_never_arrives\n    dist.broadcast\(go, src=0\)", loop)
+    assert re.search(r"rank 1 issued (more than )?[\d,]+ collective calls before the timeout, "
+                     r"the last broadcast\(\[1\] float32, src=0\) at test_hang.py:19", loop)
+
+    child = failure_text(result, "test_waits_for_its_child")
+    assert "hang: rank 1 did not finish within 1 s" in child
+    assert re.search(r"killed the processes started during the test: \d+ \(.*time.sleep\(120\)", child)
+    assert_no_orphans(pytester.path)
+
+
+def test_a_rank_deaf_to_the_interruption_ends_the_session_instead_of_hanging_it(pytester):
+    pytester.makepyfile(test_deaf=HEADER + """
+@pytest.mark.world_size(2, backend="fake", timeout=1)
+def test_blocked_in_cpp(rank):
+    dist.all_reduce(torch.ones(2))
+    if rank == 1:
+        torch.futures.Future().wait()       # never set: blocked in C++, where signals do not reach
+""")
+    t0 = time.monotonic()
+    result = run_bounded(pytester)
+    assert time.monotonic() - t0 < 60
+    assert result.ret != 0
+    err = result.stderr.str()
+    assert ("test_deaf.py::test_blocked_in_cpp: rank 1 did not finish within 1 s (fake backend, in this process) "
+            "and did not leave the test when interrupted") in err
+    assert re.search(r'File ".*test_deaf.py", line 8, in test_blocked_in_cpp', err)
+    assert "ending this pytest process" in err
+
+
+# -- failures shaped by --tb, the raising rank first ---------------------------------------------
+
+RAISE_AND_DIVERGE = HEADER + """
+def check(shard):
+    raise ValueError(f"bad shard {shard}")
+
+@pytest.mark.world_size(3, backend="fake")
+def test_mix(rank):
+    dist.all_reduce(torch.ones(3 if rank == 1 else 2))
+    if rank == 1:
+        check(rank)
+    dist.all_reduce(torch.ones(2))
+
+@pytest.mark.world_size(3, backend="fake")
+def test_stops_early(rank):
+    dist.all_reduce(torch.ones(2))
+    if rank == 1:
+        check(rank)
+    dist.all_reduce(torch.ones(2))
+"""
+
+
+def test_a_raising_rank_headlines_and_the_diff_follows_when_relevant(pytester):
+    pytester.makepyfile(test_rd=RAISE_AND_DIVERGE)
+    result = run(pytester, "-rf")
+    result.assert_outcomes(failed=2)
+    text = failure_text(result, "test_mix")
+    # the exception first, with its rank; the shape mismatch (which happened before it) after it
+    assert text.startswith("rank 1 failed: ValueError: bad shard 1; collective order diverged\n")
+    assert text.index("---- rank 1 ----") < text.index("ValueError: bad shard 1\n") < text.index(
+        "collective order diverged (world size 3, fake backend)")
+    assert "rank 1 issued all_reduce([3] float32) at test_rd.py:9" in text
+    result.stdout.fnmatch_lines(["FAILED test_rd.py::test_mix - rank 1 failed: ValueError: bad shard 1*"])
+    # a rank that raised issued fewer calls: that is no divergence, the exception says it all
+    early = failure_text(result, "test_stops_early")
+    assert "ValueError: bad shard 1" in early and "raised on rank 1 of 3" in early
+    assert "collective order diverged" not in early
+    result.stdout.fnmatch_lines(["FAILED test_rd.py::test_stops_early - rank 1 failed: ValueError: bad shard 1"])
+
+
+def test_tb_option_shapes_the_rank_tracebacks(pytester):
+    pytester.makepyfile(test_rd=RAISE_AND_DIVERGE)
+    short = failure_text(run(pytester, "--tb=short", "-k", "mix"), "test_mix")
+    assert re.search(r"---- rank 1 ----\ntest_rd.py:11: in test_mix\n    check\(rank\)\n"
+                     r"test_rd.py:5: in check\n    raise ValueError\(f\"bad shard \{shard\}\"\)\nE   ValueError: bad shard 1\n",
+                     short)
+    assert "def check" not in short  # the long style's function source
+
+    line = run(pytester, "--tb=line", "-k", "mix").stdout.str()
+    body = line[line.index("= FAILURES ="):line.index("short test summary")]
+    assert "---- rank" not in body and "def check" not in body and "plugin.py" not in body
+    assert re.search(r"\nrank 1: \S*test_rd.py:5: ValueError: bad shard 1\n"
+                     r"collective order diverged in process group default_pg: rank 1 issued all_reduce\(\[3\] float32\)",
+                     body)
+    # pytest's own crash line, at the raising line, with the headline
+    assert re.search(r"\n\S*test_rd.py:5: rank 1 failed: ValueError: bad shard 1; collective order diverged\n", body)
+
+    none = run(pytester, "--tb=no", "-rf", "-k", "mix").stdout.str()
+    assert "FAILURES" not in none and "---- rank" not in none
+    assert "FAILED test_rd.py::test_mix - rank 1 failed: ValueError: bad shard 1" in none

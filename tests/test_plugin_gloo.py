@@ -113,7 +113,9 @@ def test_uneven(rank):
     result = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=1, failed=2)
     crash = failure_text(result, "test_crash")
-    assert crash.startswith("rank 1 crashed; rank 0 failed")
+    # the exception headlines (with its rank), the crash after it; tracebacks in the same order
+    assert crash.startswith("rank 0 failed: ValueError: boom on rank 0; rank 1 crashed (killed by SIGABRT)\n")
+    assert crash.index("---- rank 0 ----") < crash.index("---- rank 1 ----")
     assert "rank 1 killed by SIGABRT before reporting a result" in crash
     assert "rank one says goodbye" in crash
     assert re.search(r'File ".*test_g.py", line 19 in test_crash', crash)  # faulthandler's stack of rank 1
@@ -232,3 +234,75 @@ def test_rank_processes_die_with_their_parent(tmp_path):
         assert_no_orphans(marker, grace=5.0)
     finally:
         ranks.kill_all()
+
+
+RAISE = HEADER + """
+def check(shard):
+    raise ValueError(f"bad shard {shard}")
+
+@pytest.mark.world_size(2, timeout=30)
+def test_raise(rank):
+    dist.all_reduce(torch.ones(2))
+    if rank == 1:
+        check(rank)
+    dist.all_reduce(torch.ones(2))      # rank 0 waits here for rank 1, which raised
+"""
+
+
+def test_rank_raises_short_traceback_headlines_before_the_collectives(pytester, env):
+    pytester.makepyfile(test_r=RAISE)
+    result = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", "--tb=short", "-rf")
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_raise")
+    # rank 1's exception is the news; rank 0 failed after it (its peer was gone), and the records
+    # only say that rank 1 stopped early: no "collective order diverged" in front of the exception
+    assert text.startswith("rank 1 failed: ValueError: bad shard 1")
+    assert "collective order diverged" not in text
+    assert text.index("---- rank 1 ----") < text.index("---- rank 0 ----")
+    # the rank's traceback in pytest's short style, as the parent was asked for
+    assert re.search(r"---- rank 1 ----\ntest_r.py:12: in test_raise\n    check\(rank\)\n"
+                     r"test_r.py:6: in check\n    raise ValueError\(f\"bad shard \{shard\}\"\)\nE   ValueError: bad shard 1\n",
+                     text)
+    assert "def check" not in text and "rank = 1" not in text  # the long style's source and arguments
+    result.stdout.fnmatch_lines(["FAILED test_r.py::test_raise - rank 1 failed: ValueError: bad shard 1*"])
+    assert_no_orphans(pytester.path)
+
+
+def test_rank_tracebacks_with_tb_line(pytester, env):
+    pytester.makepyfile(test_r=RAISE)
+    out = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", "--tb=line").stdout.str()
+    body = out[out.index("= FAILURES ="):out.index("short test summary")]
+    assert "---- rank" not in body and "def check" not in body and "plugin.py" not in body
+    # one line per rank, then pytest's crash line at the raising line, with the headline
+    assert re.search(r"\nrank 1: \S*test_r.py:6: ValueError: bad shard 1\n", body)
+    assert re.search(r"\n\S*test_r.py:6: rank 1 failed: ValueError: bad shard 1(; then rank 0 failed \(\w+\))?\n", body)
+    assert len([ln for ln in body.splitlines()[1:] if ln.strip() and not ln.startswith("=")]) <= 3
+
+
+def test_hung_fake_rank_processes_are_reported_and_killed(pytester, env):
+    """The fake backend in rank processes (a fixture depends on the rank) honours the timeout too."""
+    pytester.makeconftest("""
+import pytest
+@pytest.fixture
+def shard(rank, world_size):
+    return list(range(rank, 10, world_size))
+""")
+    pytester.makepyfile(test_fh=HEADER + """
+def load_next_batch():
+    time.sleep(120)
+
+@pytest.mark.world_size(2, backend="fake", timeout=2)
+def test_fake_hang(rank, shard):
+    dist.all_reduce(torch.ones(2))
+    if rank == 1:
+        load_next_batch()
+    dist.all_reduce(torch.ones(2))
+""")
+    t0 = time.monotonic()
+    result = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider")
+    assert time.monotonic() - t0 < 60
+    result.assert_outcomes(failed=1)
+    text = failure_text(result, "test_fake_hang")
+    assert text.startswith("hang: rank 1 did not finish within 2 s (world size 2, fake backend); rank 0 finished")
+    assert re.search(r"load_next_batch \(\S*test_fh.py:6\)", text)  # where rank 1 was
+    assert_no_orphans(pytester.path)

@@ -156,3 +156,27 @@ def test_replay_collective_waits_for_a_rank_blocked_in_recv():
     assert problem.kind == "deadlock"
     assert "rank 0 blocks in all_reduce([4] float32) (group default_pg)" in problem.summary
     assert "rank 1 blocks in recv([4] float32, peer=0)" in problem.summary
+
+
+def test_a_rank_that_raised_and_stopped_early_is_no_divergence():
+    def step(rank):
+        dist.all_reduce(torch.ones(2))
+        if rank == 1:
+            raise ValueError("bad shard")
+        dist.all_reduce(torch.ones(2))  # the others go on: rank 1's calls are a prefix of theirs
+
+    with pytest.raises(ValueError, match="bad shard") as info:
+        check_collective_order(step, 3)
+    assert any("raised on rank 1 of 3" in n for n in getattr(info.value, "__notes__", []))
+
+
+def test_a_divergence_beyond_the_exception_is_raised_from_it():
+    def step(rank):
+        dist.all_reduce(torch.ones(3 if rank == 1 else 2))  # a real divergence, before the exception
+        if rank == 1:
+            raise ValueError("bad shard")
+
+    with pytest.raises(CollectiveOrderError) as info:
+        check_collective_order(step, 3)
+    assert isinstance(info.value.__cause__, ValueError)  # shown first: "the direct cause of"
+    assert "rank 1 issued all_reduce([3] float32)" in str(info.value)

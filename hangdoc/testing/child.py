@@ -9,7 +9,8 @@ parent to judge:
   imports under a busy CI machine do not count against ``timeout``);
 * ``collectives-{host}-r{rank}-{pid}.jsonl``: the recorder's records (at teardown, or on request);
 * ``faulthandler-{host}-r{rank}-{pid}.txt``: all thread stacks, tagged, when the parent asks;
-* ``result-r{rank}.json``: outcome, failure text and captured output of each phase.
+* ``result-r{rank}.json``: outcome, failure text (shaped by the parent's ``--tb``), where and
+  when it failed, and captured output of each phase.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import time
 from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
@@ -29,6 +31,9 @@ ENV_STORE = "HANGDOC_TESTING_STORE"
 ENV_DIR = "HANGDOC_TESTING_DIR"
 ENV_NODEID = "HANGDOC_TESTING_NODEID"
 ENV_TIMEOUT = "HANGDOC_TESTING_TIMEOUT"
+#: JSON of the parent's reporting options (``tbstyle``, ``showlocals``, ...): a rank formats its
+#: tracebacks as the parent's own would be.
+ENV_REPORT = "HANGDOC_TESTING_REPORT"
 
 
 def in_child() -> bool:
@@ -48,6 +53,10 @@ class RankSession:
         self.dir = env[ENV_DIR]
         self.nodeid = env.get(ENV_NODEID, "")
         self.timeout = float(env.get(ENV_TIMEOUT, "60"))
+        try:
+            self.report_options: Dict[str, Any] = dict(json.loads(env.get(ENV_REPORT) or "{}"))
+        except (ValueError, TypeError):
+            self.report_options = {}
         # Read once and forget: a test that starts pytest itself must not make that one a rank too.
         from hangdoc.testing.procs import CONTROL_FD_ENV
 
@@ -148,7 +157,12 @@ class RankSession:
             "longrepr": _longrepr_text(report),
             "sections": [list(s) for s in report.sections],
             "duration": report.duration,
+            # when it failed: the parent names the rank that failed first in the headline
+            "at": time.time(),
         }
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:
+            entry["crash"] = {"path": str(crash.path), "lineno": int(crash.lineno), "message": str(crash.message)}
         if hasattr(report, "wasxfail"):
             entry["wasxfail"] = report.wasxfail
         self.reports.append(entry)

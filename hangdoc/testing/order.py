@@ -22,6 +22,7 @@ object collectives (``broadcast_object_list`` & co) may fail. Run those on ``glo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -172,15 +173,20 @@ def _renumber(records: Sequence[CollectiveRecord]) -> List[CollectiveRecord]:
     return out
 
 
-def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[int, List[CollectiveRecord]], Dict[int, BaseException]]:
+def run_in_process(call: Callable[[int], Any], world_size: int,
+                   deadline: Optional[Any] = None) -> Tuple[Dict[int, List[CollectiveRecord]], Dict[int, BaseException]]:
     """Run ``call(rank)`` for each rank in turn on a fake process group, recording collectives.
 
     An exception on one rank does not stop the others (their records may show why it failed).
+    ``deadline`` (a :class:`hangdoc.testing.deadline.RankDeadline`, entered) bounds each rank's
+    run: the rank that outlives it is interrupted, keeps the records it made, and the ranks after
+    it do not run (``deadline.hung`` says which rank and where it was).
     """
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from hangdoc.runtime import recorder
+    from hangdoc.testing.deadline import RankTimeout
 
     if dist.is_initialized():
         raise RuntimeError("a torch.distributed process group is already initialised in this process; "
@@ -199,18 +205,30 @@ def run_in_process(call: Callable[[int], Any], world_size: int) -> Tuple[Dict[in
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
             _RANK_START[0] = seen
             try:
-                call(rank)
+                with (deadline.rank(rank) if deadline is not None else contextlib.nullcontext()):
+                    call(rank)
+            except RankTimeout:
+                pass  # deadline.hung has the rest
             except Exception as e:
                 errors[rank] = e
             finally:
                 snapshot = rec.records() if rec is not None else []
-                if len(snapshot) < seen:  # pragma: no cover - a ring buffer of 100,000 calls wrapped
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                hung = deadline is not None and deadline.hung is not None
+                wrapped = rec is not None and len(snapshot) >= rec.capacity
+                if hung and wrapped:
+                    # a loop of calls until the deadline: what it issued first is gone; keep the last
+                    deadline.hung.records_wrapped = len(snapshot) - seen
+                    snapshot = snapshot[-1000:]
+                    seen = 0
+                elif len(snapshot) < seen or wrapped:
                     raise RuntimeError("more collective calls than the recorder holds; check fewer steps at a time")
                 # The recorder names the rank it was in when asked; pin it to the rank that ran.
                 records[rank] = [r if r.rank == rank else dataclasses.replace(r, rank=rank) for r in snapshot[seen:]]
                 seen = len(snapshot)
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+            if deadline is not None and deadline.hung is not None:
+                break
     finally:
         _RANK_START[0] = 0
         recorder.disable()
@@ -268,7 +286,10 @@ def check_collective_order(
     matching signatures (op, shapes, dtypes, root) per process group; otherwise raises
     :class:`CollectiveOrderError` (an ``AssertionError``, so it works inside
     ``@hypothesis.given``) with a side-by-side diff. When the ranks agree but one raised, that
-    exception propagates.
+    exception propagates; they agree too when the raising ranks only issued fewer calls than the
+    others (a prefix of theirs: they stopped where they raised). When they disagree beyond that,
+    the :class:`CollectiveOrderError` is raised *from* the exception, which Python and pytest
+    show first.
 
         >>> import torch, torch.distributed as dist
         >>> def step(rank, batch):
@@ -285,8 +306,16 @@ def check_collective_order(
     records, errors = run_in_process(lambda r: _call_with_rank(fn, r, world_size, args, kw), world_size)
     trace = CollectiveTrace(records, world_size, errors)
     found, problems = trace.problems()
+    if (found or problems) and errors:
+        from hangdoc.testing.verdict import collective_order
+
+        if not collective_order(records, world_size, backend, set(errors)).relevant:
+            found, problems = [], []  # the raising ranks stopped early: the exception is the story
     if found or problems:
-        raise CollectiveOrderError(verdict_message(trace, found, backend, problems), trace, found + problems)
+        error = CollectiveOrderError(verdict_message(trace, found, backend, problems), trace, found + problems)
+        if errors:
+            raise error from min(errors.items())[1]
+        raise error
     if errors:
         rank, err = min(errors.items())
         _note(err, f"raised on rank {rank} of {world_size} (fake backend, ranks run one after another in one process)")

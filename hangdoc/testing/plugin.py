@@ -5,8 +5,8 @@ in its own process with an initialised process group, and passes only when every
 all ranks issued the same collectives in the same order with matching signatures. A rank that
 outlives ``timeout`` gets its stacks taken, the aggregator's verdict goes into the failure, and
 every process is killed. ``backend="fake"`` runs the ranks one after another inside the pytest
-process (no communication), for order checks at large world sizes. Inactive unless a test uses
-the mark or the fixtures. See docs/pytest-plugin.md.
+process (no communication), for order checks at large world sizes, each rank's turn bounded by
+the same timeout. Inactive unless a test uses the mark or the fixtures. See docs/pytest-plugin.md.
 
     import torch, torch.distributed as dist, pytest
 
@@ -20,6 +20,7 @@ the mark or the fixtures. See docs/pytest-plugin.md.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import signal
@@ -69,11 +70,19 @@ def pytest_configure(config: pytest.Config) -> None:
         session = _child.RankSession()
         config.stash[_RANK_KEY] = session
         config.pluginmanager.register(_RankHooks(session), "hangdoc-rank")
+        # The rank runs without the terminal plugin, whose options these are: the parent's values.
+        for name, value in session.report_options.items():
+            setattr(config.option, name, value)
         session.start_guard()
 
 
 _RANK_KEY = pytest.StashKey["_child.RankSession"]()
 _SAVED_FIXTURES = pytest.StashKey[Sequence[str]]()
+#: how the failure's crash line (``--tb=line``, the ``-r`` summary) should read: (path, lineno,
+#: message), None for what pytest found, or a callable that rewrites pytest's message.
+_CRASH_KEY = pytest.StashKey[Any]()
+#: the pytest options that shape a traceback, passed on to the rank processes.
+REPORT_OPTIONS = ("tbstyle", "showlocals", "fulltrace", "verbose")
 
 
 def _spec(item: pytest.Item) -> Optional[Spec]:
@@ -197,6 +206,26 @@ def pytest_runtest_teardown(item: pytest.Item):
         item.fixturenames = item.stash[_SAVED_FIXTURES]
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    how = item.stash.get(_CRASH_KEY, None)
+    if how is None or call.when != "call":
+        return
+    report = outcome.get_result()
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if not report.failed or crash is None:
+        return
+    # pytest's crash line would point into this plugin (where pytest.fail was called) and repeat
+    # the whole failure text: point it at the user's code, with the headline.
+    path, lineno, message = how
+    if callable(message):
+        message = message(crash.message)
+    if path is not None:
+        crash.path, crash.lineno = str(path), int(lineno)
+    crash.message = message
+
+
 class _RankHooks:
     """Hooks that only a rank process has: they collect what the parent needs to judge the test."""
 
@@ -235,7 +264,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Optional[bool]:
 
 
 def _run_in_process(item: pytest.Function, spec: Spec) -> None:
-    from hangdoc.testing.order import CollectiveTrace, _note, run_in_process, verdict_message
+    from hangdoc.testing.deadline import RankDeadline
+    from hangdoc.testing.order import _note, run_in_process
+    from hangdoc.testing.verdict import collective_order
 
     fn = item.obj
     testargs = {arg: item.funcargs[arg] for arg in item._fixtureinfo.argnames}
@@ -247,17 +278,129 @@ def _run_in_process(item: pytest.Function, spec: Spec) -> None:
             testargs["world_size"] = spec.world_size
         fn(**testargs)
 
-    records, errors = run_in_process(call, spec.world_size)
-    trace = CollectiveTrace(records, spec.world_size, errors)
-    found, problems = trace.problems()
-    if found or problems:
-        pytest.fail(verdict_message(trace, found, "fake", problems), pytrace=False)
-    if errors:
-        r, err = min(errors.items())
-        others = sorted(set(errors) - {r})
-        _note(err, f"raised on rank {r} of {spec.world_size} (fake backend, ranks run one after another in-process)"
-              + (f"; ranks {others} raised too" if others else ""))
-        raise err
+    deadline = RankDeadline(spec.timeout, on_stuck=lambda hang: _end_session(item, spec, hang),
+                            test_code=getattr(fn, "__code__", None))
+    with deadline:
+        records, errors = run_in_process(call, spec.world_size, deadline=deadline)
+    hang = deadline.hung
+    if hang is None and errors:
+        order = collective_order(records, spec.world_size, "fake", set(errors))
+        if not order.relevant:
+            # The exception is the whole story: raise it as pytest would, so that its traceback,
+            # --tb and xfail(raises=...) work as for any test.
+            r, err = min(errors.items())
+            others = sorted(set(errors) - {r})
+            _note(err, f"raised on rank {r} of {spec.world_size} (fake backend, ranks run one after another in-process)"
+                  + (f"; ranks {others} raised too" if others else ""))
+            item.stash[_CRASH_KEY] = (None, None, lambda message: f"rank {r} failed: {message}")
+            raise err
+    failures = [_in_process_failure(item, r, err) for r, err in sorted(errors.items())]
+    hang_report = None
+    if hang is not None:
+        hang_report = _in_process_hang(item, spec, hang, records)
+        if hang.records_wrapped:
+            records = {r: v for r, v in records.items() if r != hang.rank}
+        else:
+            records = _cap_hung(records, hang.rank)
+    _fail_with(item, spec, failures, records, hang_report)
+
+
+def _in_process_failure(item: pytest.Function, rank: int, err: BaseException):
+    """A rank's exception as the failure of a rank process would carry it: its traceback shaped by
+    --tb, by pytest."""
+    from hangdoc.testing.verdict import RankFailure
+
+    excinfo = pytest.ExceptionInfo.from_exc_info((type(err), err, err.__traceback__))
+    try:
+        rep = item.repr_failure(excinfo)
+        text = str(rep)
+        crash = getattr(rep, "reprcrash", None)
+    except Exception:  # pragma: no cover - formatting must not hide the failure
+        import traceback
+
+        text, crash = "".join(traceback.format_exception(type(err), err, err.__traceback__)), None
+    summary = crash.message if crash is not None else excinfo.exconly(tryshort=True)
+    where = (str(crash.path), int(crash.lineno)) if crash is not None else None
+    return RankFailure(rank, "failed", summary, text, where, at=float(rank))
+
+
+def _in_process_hang(item: pytest.Function, spec: Spec, hang, records):
+    from hangdoc.ranges import describe_ranks
+    from hangdoc.testing.deadline import format_threads, innermost
+    from hangdoc.testing.schedule import _site
+    from hangdoc.testing.verdict import HangReport
+
+    r, n = hang.rank, spec.world_size
+    done, rest = list(range(r)), list(range(r + 1, n))
+    head = f"hang: rank {r} did not finish within {spec.timeout:g} s (world size {n}, fake backend)"
+    bits = ([f"{describe_ranks(done)} finished"] if done else []) + ([f"{describe_ranks(rest)} did not run"] if rest else [])
+    if bits:
+        head += "; " + ", ".join(bits) + " (the ranks run one after another in this process)"
+    text = [f"---- rank {r} stacks at the timeout ----", format_threads(hang)]
+    mine = records.get(r) or []
+    if mine:
+        last = mine[-1]
+        count = f"more than {hang.records_wrapped:,}" if hang.records_wrapped else f"{len(mine):,}"
+        text.append(f"rank {r} issued {count} collective call{'s' if len(mine) != 1 else ''} before the timeout, "
+                    f"the last {last.describe()} at {_site(last)}"
+                    + (" (more than the recorder holds: its order is not compared)" if hang.records_wrapped else ""))
+    if hang.killed:
+        text.append("killed the processes started during the test: "
+                    + ", ".join(f"{pid} ({cmd[:80]})" for pid, cmd in hang.killed))
+    frame = innermost(hang, str(item.path)) or innermost(hang)
+    where = f"{frame.filename}:{frame.lineno}: stuck in {frame.name}" if frame else "stuck"
+    return HangReport(head, "\n".join(text), [f"rank {r}: {where} at the timeout"], stopped=[r],
+                      location=(frame.filename, frame.lineno) if frame else None)
+
+
+def _cap_hung(records, rank: int):
+    """A hung rank that looped over collectives until the deadline: its first calls are enough to
+    compare (the diff shows a few), the rest would only slow the comparison down."""
+    mine = records.get(rank) or []
+    others = max((len(v) for k, v in records.items() if k != rank), default=0)
+    if len(mine) <= others + 50:
+        return records
+    return {**records, rank: mine[:others + 50]}
+
+
+def _end_session(item: pytest.Item, spec: Spec, hang) -> None:
+    """The hung rank ignores the interruption (blocked in C code): the test can neither finish nor
+    fail, so say why and end the pytest process instead of hanging it."""
+    from hangdoc.testing.deadline import format_threads
+
+    text = (f"\nhangdoc: {item.nodeid}: rank {hang.rank} did not finish within {spec.timeout:g} s (fake backend, "
+            f"in this process) and did not leave the test when interrupted (it catches the interruption, or it is "
+            f"blocked outside Python):\n"
+            f"{format_threads(hang)}\nhangdoc: ending this pytest process, the only way not to hang it.\n")
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    try:
+        if capman is not None:
+            capman.suspend_global_capture(in_=True)
+    except Exception:
+        pass
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
+    os._exit(1)
+
+
+def _fail_with(item: pytest.Item, spec: Spec, failures, records, hang) -> None:
+    """Fail the test with the verdict, if there is one; the crash line points at the user's code."""
+    from hangdoc.testing.verdict import compose
+
+    tbstyle = item.config.getoption("tbstyle", "auto") or "auto"
+    verdict = compose(spec.world_size, spec.backend, failures, records, tbstyle, hang)
+    if verdict is None:
+        return
+    path, lineno = verdict.location or _test_location(item)
+    item.stash[_CRASH_KEY] = (path, lineno, verdict.title)
+    pytest.fail(verdict.text, pytrace=False)
+
+
+def _test_location(item: pytest.Item):
+    path, lineno, _ = item.location
+    return str(item.path) if item.path is not None else path, (lineno or 0) + 1
 
 
 def _run_processes(item: pytest.Function, spec: Spec) -> None:
@@ -288,9 +431,7 @@ def _run_processes(item: pytest.Function, spec: Spec) -> None:
     finally:
         ranks.kill_all()
         del store
-    outcome = _judge(item, spec, ranks, run_dir, hang)
-    if outcome is not None:
-        pytest.fail(outcome, pytrace=False)
+    _judge(item, spec, ranks, run_dir, hang)
 
 
 class _Clock:
@@ -410,6 +551,8 @@ def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_add
         "PYTHONPATH": root + (os.pathsep + pythonpath if pythonpath else ""),
         # Nothing from the parent's command line environment: no "-n 4", no "--lf" in a rank.
         "PYTEST_ADDOPTS": "",
+        _child.ENV_REPORT: json.dumps({k: getattr(item.config.option, k) for k in REPORT_OPTIONS
+                                       if isinstance(getattr(item.config.option, k, None), (str, int, float, bool))}),
     }
     if store_addr:
         env["MASTER_ADDR"], _, env["MASTER_PORT"] = store_addr.rpartition(":")
@@ -451,82 +594,79 @@ def _take_hang_evidence(ranks, run_dir: str, spec: Spec) -> Dict[str, Any]:
 # the verdict
 
 
-def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Dict[str, Any]]) -> Optional[str]:
-    """The failure text, or None when the test passed; skips when every rank skipped."""
+def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Dict[str, Any]]) -> None:
+    """Fail the test with what went wrong on its ranks; skip it when every rank skipped."""
     from hangdoc.ranges import describe_ranks
+    from hangdoc.testing.verdict import HangReport, RankFailure
 
     n = spec.world_size
     results = {r: _child.read_result(run_dir, r) for r in range(n)}
-    divergence_title, divergence_text = _divergence_text(_read_records(run_dir), n, spec.backend)
-    sections: List[str] = []
-    problems: List[str] = []
-
-    failed: Dict[int, str] = {}
+    failures: List[RankFailure] = []
     skipped: Dict[int, str] = {}
     for r in range(n):
         if hang is not None and r in hang["alive"]:
             continue
         res = results[r]
-        rc = ranks.procs[r].returncode
         if res is None:
-            failed[r] = _crash_text(r, rc, ranks.output(r, limit=256_000))
+            how, text = _crash_text(r, ranks.procs[r].returncode, ranks.output(r, limit=256_000))
+            failures.append(RankFailure(r, "crashed", how, text))
             continue
-        texts = [f"{e['when']}: {e['longrepr']}" if e["when"] != "call" else e["longrepr"]
-                 for e in res["reports"] if e["outcome"] == "failed"]
-        texts += [f"collection failed:\n{t}" for t in res.get("collect_errors", ())]
-        if not res["reports"] and not texts:
-            texts.append(f"the test did not run in the rank process (pytest exit status {res['exitstatus']}); output:\n"
-                         + ranks.output(r))
-        if texts:
-            failed[r] = "\n".join(texts)
+        failure = _rank_failure(r, res, ranks)
+        if failure is not None:
+            failures.append(failure)
             continue
         skips = [e["longrepr"] for e in res["reports"] if e["outcome"] == "skipped"]
         if skips:
             skipped[r] = skips[0]
 
+    hang_report = None
     if hang is not None:
         hung = hang["alive"]
-        done = [r for r in range(n) if r not in hung]
         head = (f"hang: {describe_ranks(hung)} did not finish within {spec.timeout:g} s "
                 f"(world size {n}, {spec.backend} backend)")
         if not hang.get("started"):
             head += "; not every rank reached the test"
-        if done:
-            ok = [r for r in done if r not in failed]
-            bits = []
-            if ok:
-                bits.append(f"{describe_ranks(ok)} finished")
-            if [r for r in done if r in failed]:
-                bits.append(f"{describe_ranks([r for r in done if r in failed])} failed")
-            head += "; " + ", ".join(bits)
-        problems.append(head)
-    if failed:
-        crashed = [r for r in failed if results[r] is None]
-        if crashed:
-            problems.append(f"{describe_ranks(crashed)} crashed")
-        raised = [r for r in failed if results[r] is not None]
-        if raised:
-            problems.append(f"{describe_ranks(raised)} failed")
-    if divergence_text:
-        problems.insert(0, divergence_title)
+        failed = {f.rank for f in failures}
+        ok = [r for r in range(n) if r not in hung and r not in failed]
+        if ok:
+            head += f"; {describe_ranks(ok)} finished"
+        tbstyle = item.config.getoption("tbstyle", "auto")
+        hang_report = HangReport(head, _hang_text(run_dir, hang, ranks) if tbstyle not in ("no", "line") else "",
+                                 # a fake group never blocks: a hung rank is stuck in its own code
+                                 stopped=hung if spec.backend == "fake" else ())
 
-    if not problems:
-        if skipped and len(skipped) == n:
-            pytest.skip(next(iter(skipped.values())))
+    records = _read_records(run_dir)
+    crashed = [f.rank for f in failures if f.kind == "crashed"]
+    _print_outputs(ranks, [r for r in range(n) if r not in crashed])
+    if not failures and hang is None and skipped and len(skipped) == n:
+        pytest.skip(next(iter(skipped.values())))
+    _fail_with(item, spec, failures, records, hang_report)
+
+
+def _rank_failure(rank: int, res: Dict[str, Any], ranks):
+    """The failure a rank process reported (its phases that failed, its collection errors), or None."""
+    from hangdoc.testing.verdict import RankFailure
+
+    bad = [e for e in res["reports"] if e["outcome"] == "failed"]
+    texts = [f"{e['when']}: {e['longrepr']}" if e["when"] != "call" else e["longrepr"] for e in bad]
+    texts += [f"collection failed:\n{t}" for t in res.get("collect_errors", ())]
+    if not res["reports"] and not texts:
+        texts.append(f"the test did not run in the rank process (pytest exit status {res['exitstatus']}); output:\n"
+                     + ranks.output(rank))
+    if not texts:
         return None
-
-    title = "; ".join(problems)
-    if divergence_text:
-        sections.append(divergence_text)
-    if hang is not None:
-        sections.append(_hang_text(run_dir, hang, ranks))
-    for r in sorted(failed, key=lambda r: (results[r] is not None, r)):  # crashes first
-        sections.append(f"---- rank {r} ----\n{failed[r].rstrip()}")
-    _print_outputs(ranks, [r for r in range(n) if not (r in failed and results[r] is None)])
-    return title + "\n\n" + "\n\n".join(s.rstrip() for s in sections if s)
+    first = bad[0] if bad else None
+    crash = (first or {}).get("crash")
+    if crash:
+        summary, where = crash["message"], (crash["path"], crash["lineno"])
+    else:
+        summary, where = next((ln for ln in texts[0].splitlines() if ln.strip()), "failed"), None
+    return RankFailure(rank, "failed", summary, "\n".join(texts), where,
+                       at=float((first or {}).get("at", 0.0)), when=(first or {}).get("when", "collect"))
 
 
-def _crash_text(rank: int, rc: Optional[int], output: str) -> str:
+def _crash_text(rank: int, rc: Optional[int], output: str) -> "tuple[str, str]":
+    """(how the rank died, that and the end of its output)."""
     if rc is not None and rc < 0:
         try:
             how = f"killed by {signal.Signals(-rc).name}"
@@ -534,7 +674,7 @@ def _crash_text(rank: int, rc: Optional[int], output: str) -> str:
             how = f"killed by signal {-rc}"
     else:
         how = f"exited with status {rc}"
-    return f"rank {rank} {how} before reporting a result; its last output:\n{_tail(trim_output(output), 40) or '(none)'}"
+    return how, f"rank {rank} {how} before reporting a result; its last output:\n{_tail(trim_output(output), 40) or '(none)'}"
 
 
 def _tail(text: str, lines: int) -> str:
@@ -621,20 +761,6 @@ def _read_records(run_dir: str) -> Dict[int, List[Any]]:
                 recs = [CollectiveRecord.from_json(d) for d in map(json.loads, f) if "op" in d]
         by_rank.setdefault(rank, []).extend(recs)
     return by_rank
-
-
-def _divergence_text(by_rank: Dict[int, List[Any]], world_size: int, backend: str) -> "tuple[str, str]":
-    """(headline, side-by-side text) of the ranks' disagreement, or two empty strings."""
-    if not any(by_rank.values()):
-        return "", ""
-    from hangdoc.testing.order import CollectiveTrace, verdict_message
-
-    trace = CollectiveTrace(by_rank, world_size)
-    found, problems = trace.problems()
-    if not (found or problems):
-        return "", ""
-    title = "collective order diverged" if found else "point-to-point schedule deadlocks or mismatches"
-    return title, verdict_message(trace, found, backend, problems)
 
 
 def _strip_runner(job) -> None:

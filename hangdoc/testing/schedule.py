@@ -45,6 +45,9 @@ class ScheduleProblem:
     ranks: List[int]
     #: rank -> index (into that rank's calls) of the call it is stuck in / the offending call.
     at: Dict[int, int] = field(default_factory=dict)
+    #: for a deadlock: stuck rank -> the ranks it waits for, and the cycle among them (if any).
+    waits: Dict[int, List[int]] = field(default_factory=dict)
+    cycle: List[int] = field(default_factory=list)
 
 
 def _site(rec: CollectiveRecord) -> str:
@@ -161,7 +164,7 @@ def _deadlock(stuck, ops, pos, group_index, arrived, ranks) -> ScheduleProblem:
             + " (send/recv pairs must be posted in the same order on both sides)")
     shown = cycle + [r for r in sorted(stuck) if r not in cycle]
     return ScheduleProblem("deadlock", head + "\n" + "\n".join("  " + ln for ln in lines), shown,
-                           {r: pos[r] for r in stuck})
+                           {r: pos[r] for r in stuck}, waits, cycle)
 
 
 def _find_cycle(waits: Dict[int, List[int]]) -> List[int]:
