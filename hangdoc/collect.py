@@ -4,10 +4,13 @@ The py-spy recipe of the big training jobs, done properly: find the processes (t
 Python processes, or one launcher's process tree), dump each with py-spy (a subprocess with an
 argument list, never a shell, with a timeout per process), and put a ``hangdoc.tags`` line in front
 of each dump naming host, pid, ppid, rank, local rank and world size as read from
-``/proc/PID/environ``. A process that cannot be dumped is not skipped: it gets a tag line with
-``status=unresponsive reason=...`` so the report can say so. Fallbacks, in order: py-spy; the
-watchdog signal of a hangdoc-wrapped process (its faulthandler writes into a file we read back);
-gdb (``py-bt``, else ``bt``).
+``/proc/PID/environ``, and the role (:func:`identify`: launcher, rank or DataLoader worker, from
+the environment, what the command line executes, the process tree and the stacks). A process that
+cannot be dumped is not skipped: it gets a tag line with ``status=unresponsive reason=...`` so the
+report can say so; one that exited meanwhile gets a ``# hangdoc exited`` line instead, which blames
+it for nothing. Fallbacks, in order: py-spy; the watchdog signal of a hangdoc-wrapped process (its
+faulthandler writes into a file we read back); gdb (``py-bt``, else ``bt``; both are read by
+:mod:`hangdoc.readers.gdb`).
 
     >>> import os
     >>> me = describe(os.getpid())
@@ -27,10 +30,10 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.runtime.identity import _LOCAL_RANK_VARS, _RANK_VARS, _WORLD_VARS, _first_int, short_hostname
-from hangdoc.tags import format_tag
+from hangdoc.tags import format_exited, format_tag
 
 #: seconds py-spy / gdb may take on one process
 DEFAULT_TIMEOUT = 10.0
@@ -38,7 +41,7 @@ DEFAULT_TIMEOUT = 10.0
 SIGNAL_WAIT = 3.0
 
 _SIGNAL_FILE = re.compile(r"hangdoc-signal-(\d+)-(SIG\w+)-")
-_LAUNCHERS = ("torch.distributed.run", "torchrun", "torch.distributed.launch", "deepspeed.launcher", "accelerate")
+_PYTHON_NAME = re.compile(r"^(python|pypy)[\d.]*m?$")
 
 
 @dataclass
@@ -52,20 +55,135 @@ class ProcessInfo:
     cmdline: List[str] = field(default_factory=list)
     environ: Dict[str, str] = field(default_factory=dict)
     exe: str = ""
+    #: start time (clock ticks after boot, /proc/PID/stat field 22): tells a reused pid apart
+    start: int = 0
 
     @property
     def is_python(self) -> bool:
         names = [os.path.basename(self.exe)] + [os.path.basename(a) for a in self.cmdline[:1]]
-        return any(re.match(r"^(python|pypy)[\d.]*m?$", n or "") for n in names)
+        return any(_PYTHON_NAME.match(n or "") for n in names)
 
-    @property
-    def role(self) -> str:
-        cmd = " ".join(self.cmdline)
-        if any(x in cmd for x in _LAUNCHERS):
-            return "launcher"
-        if "from multiprocessing" in cmd or "multiprocessing.spawn" in cmd or "multiprocessing.forkserver" in cmd:
-            return "dataloader-worker"
+
+# -- what a command line runs ------------------------------------------------------------------
+#: python options that take a value (``-W error``, ``-Xdev``, ``--check-hash-based-pycs never``)
+_PY_OPTS_WITH_VALUE = set("WX")
+#: launchers run as a module (``python -m M``); the value is the subcommand they need, if any
+_LAUNCHER_MODULES = {
+    "torch.distributed.run": None, "torch.distributed.launch": None,
+    "deepspeed.launcher.launch": None, "deepspeed.launcher.runner": None,
+    "accelerate.commands.launch": None, "accelerate.commands.accelerate_cli": "launch",
+}
+#: launchers run as a program (a console script: ``python /venv/bin/torchrun``, or ``torchrun``)
+_LAUNCHER_PROGRAMS = {"torchrun": None, "deepspeed": None, "accelerate-launch": None, "accelerate": "launch"}
+
+
+def program_of(cmdline: Sequence[str]) -> Tuple[str, str, List[str]]:
+    """What a command line executes: ``(kind, what, arguments)``, kind ``module`` (``-m``), ``code``
+    (``-c``), ``script`` (a file given to the interpreter) or ``program`` (not an interpreter).
+
+    >>> program_of(["python3", "-u", "-X", "dev", "-m", "torch.distributed.run", "t.py"])
+    ('module', 'torch.distributed.run', ['t.py'])
+    >>> program_of(["/venv/bin/python", "/venv/bin/torchrun", "--standalone"])
+    ('script', '/venv/bin/torchrun', ['--standalone'])
+    >>> program_of(["torchrun", "t.py"])
+    ('program', 'torchrun', ['t.py'])
+    """
+    if not cmdline:
+        return "program", "", []
+    if not _PYTHON_NAME.match(os.path.basename(cmdline[0])):
+        return "program", cmdline[0], list(cmdline[1:])
+    args = list(cmdline[1:])
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return ("script", args[i + 1], args[i + 2:]) if i + 1 < len(args) else ("code", "", [])
+        if a.startswith("--"):
+            i += 2 if a == "--check-hash-based-pycs" else 1
+            continue
+        if a.startswith("-") and len(a) > 1:
+            for j, c in enumerate(a[1:], 1):
+                if c in "mc":  # the rest of the cluster or the next argument is the value
+                    kind = "module" if c == "m" else "code"
+                    if a[j + 1:]:
+                        return kind, a[j + 1:], args[i + 1:]
+                    return kind, args[i + 1] if i + 1 < len(args) else "", args[i + 2:]
+                if c in _PY_OPTS_WITH_VALUE:
+                    if not a[j + 1:]:
+                        i += 1
+                    break
+            i += 1
+            continue
+        return "script", a, args[i + 1:]
+    return "code", "", []  # an interactive interpreter
+
+
+def launcher_name(cmdline: Sequence[str]) -> Optional[str]:
+    """The launcher a command line runs (``torchrun``, ``torch.distributed.run``, ``deepspeed``,
+    ``accelerate launch``, ...), judged by what is executed: the program or script's base name or
+    the ``-m`` module, never a substring of a path (``python /home/u/accelerate/train.py`` is no
+    launcher).
+
+    >>> launcher_name(["python", "/home/u/torchrun/train.py"]) is None
+    True
+    >>> launcher_name(["python", "/venv/bin/accelerate", "launch", "train.py"])
+    'accelerate launch'
+    """
+    kind, what, rest = program_of(cmdline)
+    if kind == "module":
+        table, name = _LAUNCHER_MODULES, what
+    elif kind in ("script", "program"):
+        table, name = _LAUNCHER_PROGRAMS, os.path.basename(what)
+    else:
+        return None
+    if name not in table:
+        return None
+    sub = table[name]
+    if sub is None:
+        return name
+    return f"{name} {sub}" if rest[:1] == [sub] else None
+
+
+def multiprocessing_kind(cmdline: Sequence[str]) -> str:
+    """``spawn`` for a child started by multiprocessing's spawn method (a DataLoader worker with
+    ``multiprocessing_context="spawn"``, or a rank of ``torch.multiprocessing.spawn``), ``helper``
+    for its resource tracker or forkserver, else ``""`` (a forked child keeps its parent's command
+    line: nothing here says it is one).
+
+    >>> multiprocessing_kind(["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)", "--multiprocessing-fork"])
+    'spawn'
+    """
+    kind, what, rest = program_of(cmdline)
+    if kind != "code":
         return ""
+    if "multiprocessing.spawn" in what or "--multiprocessing-fork" in rest:
+        return "spawn"
+    if re.search(r"multiprocessing\.(forkserver|resource_tracker|semaphore_tracker)", what):
+        return "helper"
+    return ""
+
+
+# What a dump's frames say about its process, in any format hangdoc dump writes (py-spy's
+# "func (file:line)", faulthandler's and gdb py-bt's 'File "file", line N, in func').
+_WORKER_FRAME = re.compile(r"\b_worker_loop\b.*torch/utils/data/_utils/worker\.py|torch/utils/data/_utils/worker\.py.*\b_worker_loop\b")
+_SPAWN_FILE = "torch/multiprocessing/spawn.py"
+
+
+def stack_evidence(text: str) -> str:
+    """``worker`` (a DataLoader worker's loop), ``spawn-rank`` (the function a
+    ``torch.multiprocessing.spawn`` rank runs), ``spawn-parent`` (waiting for such ranks) or ``""``.
+
+    >>> stack_evidence("    join (torch/multiprocessing/spawn.py:140)")
+    'spawn-parent'
+    """
+    if not text:
+        return ""
+    if _WORKER_FRAME.search(text):
+        return "worker"
+    spawn = [line for line in text.splitlines() if _SPAWN_FILE in line]
+    if any(re.search(r"\b_wrap\b", line) for line in spawn):
+        return "spawn-rank"
+    return "spawn-parent" if spawn else ""
 
 
 def _read(path: str) -> bytes:
@@ -73,17 +191,40 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+def _stat(pid: int) -> Tuple[str, int, int]:
+    """(state, ppid, start time) from /proc/PID/stat; OSError when it is gone."""
+    stat = _read(f"/proc/{pid}/stat").decode("utf-8", "replace")
+    # the command name in (...) may itself contain spaces and parentheses: fields start after the last ')'
+    rest = stat[stat.rfind(")") + 2:].split()
+    try:
+        return rest[0], int(rest[1]), int(rest[19])
+    except (IndexError, ValueError):
+        return (rest[0] if rest else "?"), 0, 0
+
+
+def gone(info: ProcessInfo) -> Optional[str]:
+    """Why ``info``'s process is no longer there to be dumped (it exited; it is a zombie, exited and
+    not yet reaped; its pid now names another process), or None while it lives."""
+    try:
+        state, _, start = _stat(info.pid)
+    except OSError:
+        return "exited"
+    if info.start and start and start != info.start:
+        return "exited (its pid is now another process's)"
+    if state in ("Z", "X"):
+        return "exited (a zombie: its parent has not reaped it yet)"
+    return None
+
+
 def describe(pid: int) -> Optional[ProcessInfo]:
     """/proc facts about ``pid``; None when it is gone. Unreadable parts are left empty."""
     base = f"/proc/{pid}"
     try:
-        stat = _read(f"{base}/stat").decode("utf-8", "replace")
+        st = _stat(pid)
         st_uid = os.stat(base).st_uid
     except OSError:
         return None
-    # the command name in (...) may itself contain spaces and parentheses
-    rest = stat[stat.rfind(")") + 2:].split()
-    info = ProcessInfo(pid=pid, ppid=int(rest[1]) if len(rest) > 1 else 0, uid=st_uid, state=rest[0] if rest else "?")
+    info = ProcessInfo(pid=pid, ppid=st[1], uid=st_uid, state=st[0], start=st[2])
     try:
         info.cmdline = [a.decode("utf-8", "replace") for a in _read(f"{base}/cmdline").split(b"\0") if a]
     except OSError:
@@ -143,35 +284,118 @@ def find_processes(launcher_pid: Optional[int] = None, all_users: bool = False) 
     return [infos[p] for p in pids if p in infos and p not in ancestors and infos[p].is_python]
 
 
-def tag_for(info: ProcessInfo, host: Optional[str] = None, parent: Optional[ProcessInfo] = None, **extra: object) -> str:
-    """The tag line of one process: identity from its environment, role from its command line.
+@dataclass
+class Identity:
+    """Who a process is in its job, as :func:`identify` reads it."""
 
-    A child of a rank with the rank's own RANK (a forked DataLoader worker inherits the
-    environment) is that rank's worker, not a second process of the same rank.
+    #: ``launcher``, ``rank``, ``dataloader-worker``, or ``""`` when nothing here is sure (the
+    #: readers then decide from the stack: ``_worker_loop`` makes a worker, anything else a rank)
+    role: str = ""
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    #: the rank a DataLoader worker belongs to, when known
+    parent_rank: Optional[int] = None
+
+
+def _torch_rank_vars(env: Dict[str, str]) -> Tuple[Optional[str], Optional[str]]:
+    return env.get("RANK"), env.get("LOCAL_RANK")
+
+
+def identify(info: ProcessInfo, parent: Optional[ProcessInfo] = None,
+             children: Sequence[Tuple[ProcessInfo, str]] = (), text: str = "", parent_text: str = "") -> Identity:
+    """Role and rank of a process from its environment, its command line, its place in the process
+    tree (``parent`` and its dump; ``children`` with their dumps) and its own dump (``text``):
+
+    * a **launcher** is what runs a launcher (:func:`launcher_name`) unless its environment names a
+      rank (``RANK``/``LOCAL_RANK``) that all its children share, or a process waiting in
+      ``torch.multiprocessing.spawn`` for ranks it started;
+    * a **DataLoader worker** is one whose stack is in ``_worker_loop``, or a child of a rank that
+      has no rank of its own (the same ``RANK`` inherited, or none and multiprocessing's traits: a
+      fork with the parent's command line, ``spawn_main``, a forkserver or resource tracker);
+    * a **rank** has a rank of its own (a ``RANK`` differing from its parent's, or a parent with
+      none), or runs ``torch.multiprocessing.spawn``'s ``_wrap`` (or was spawned by a process
+      waiting in ``torch.multiprocessing.spawn``): then an identity equal to its parent's is the
+      parent's (``SLURM_PROCID`` of an ``srun`` step), not its own.
+
+    >>> torchrun = ProcessInfo(pid=10, cmdline=["python", "/venv/bin/torchrun", "train.py"])
+    >>> rank = ProcessInfo(pid=11, ppid=10, cmdline=["python", "/home/u/accelerate/train.py"], environ={"RANK": "1"})
+    >>> identify(torchrun, children=[(rank, "")]).role, identify(rank, torchrun)
+    ('launcher', Identity(role='rank', rank=1, local_rank=None, world_size=None, parent_rank=None))
+    >>> worker = ProcessInfo(pid=12, ppid=11, cmdline=rank.cmdline, environ={"RANK": "1"})
+    >>> identify(worker, rank)
+    Identity(role='dataloader-worker', rank=None, local_rank=None, world_size=None, parent_rank=1)
     """
     env = info.environ
     rank = _first_int(env, _RANK_VARS)
-    role = info.role
-    parent_rank = None
-    if parent is not None and parent.is_python and rank is not None and parent.role != "launcher" \
-            and _first_int(parent.environ, _RANK_VARS) == rank:
-        role, parent_rank, rank = "dataloader-worker", rank, None
+    local = _first_int(env, _LOCAL_RANK_VARS)
+    world = _first_int(env, _WORLD_VARS)
+    python_parent = parent is not None and parent.is_python
+    penv = parent.environ if python_parent and parent is not None else {}
+    # the parent's rank, when the parent is a rank (or a rank's helper): a launcher's own RANK is
+    # no rank of this process's job
+    prank = None if not python_parent or launcher_name(parent.cmdline) is not None else _first_int(penv, _RANK_VARS)
+    forked = python_parent and parent is not None and info.cmdline == parent.cmdline
+    mp_kind = multiprocessing_kind(info.cmdline)
+    evidence = stack_evidence(text)
+
+    if evidence not in ("worker", "spawn-rank"):
+        if evidence == "spawn-parent" or any(stack_evidence(t) == "spawn-rank" for _, t in children):
+            return Identity("launcher", world_size=world)
+        if launcher_name(info.cmdline) is not None:
+            own = _torch_rank_vars(env)
+            launched = any(c.is_python and _torch_rank_vars(c.environ) != own for c, _ in children)
+            if own == (None, None) or launched:
+                return Identity("launcher", world_size=world)
+    if evidence == "worker":
+        return Identity("dataloader-worker", world_size=world, parent_rank=rank if rank is not None else prank)
+    if (evidence == "spawn-rank" and not forked) or (evidence == "" and mp_kind == "spawn"
+                                                     and stack_evidence(parent_text) == "spawn-parent"):
+        def own(value: Optional[int], names: Sequence[str]) -> Optional[int]:
+            return None if value is not None and value == _first_int(penv, names) else value
+        return Identity("rank", own(rank, _RANK_VARS), own(local, _LOCAL_RANK_VARS), own(world, _WORLD_VARS))
+    if prank is not None and (rank == prank or (rank is None and (forked or mp_kind))):
+        return Identity("dataloader-worker", world_size=world, parent_rank=prank)
+    if mp_kind == "helper":
+        return Identity("launcher", world_size=world)  # a forkserver / resource tracker of a non-rank
+    if rank is not None:
+        return Identity("rank", rank, local, world)
+    return Identity("", local_rank=local, world_size=world)
+
+
+def tag_fields(info: ProcessInfo, host: Optional[str] = None, parent: Optional[ProcessInfo] = None,
+               children: Sequence[Tuple[ProcessInfo, str]] = (), text: str = "", parent_text: str = "",
+               **extra: object) -> Dict[str, object]:
+    """The fields of a process's tag line: host and pid, who it is (:func:`identify`), then ``extra``."""
+    env = info.environ
+    who = identify(info, parent, children, text, parent_text)
     fields: Dict[str, object] = dict(
         host=host or env.get("HANGDOC_HOST") or short_hostname(),
         pid=info.pid,
         ppid=info.ppid,
-        rank=None if role == "launcher" else rank,
-        local_rank=None if role in ("launcher", "dataloader-worker") else _first_int(env, _LOCAL_RANK_VARS),
-        world_size=_first_int(env, _WORLD_VARS),
-        parent_rank=parent_rank,
+        rank=who.rank,
+        local_rank=who.local_rank,
+        world_size=who.world_size,
+        parent_rank=who.parent_rank,
     )
-    if role:
-        fields["role"] = role
+    if who.role:
+        fields["role"] = who.role
     if env.get("SLURM_JOB_ID"):
         fields["slurm_job"] = env["SLURM_JOB_ID"]
     fields["source"] = "hangdoc-dump"
     fields.update(extra)
-    return format_tag(**fields)
+    return fields
+
+
+def tag_for(info: ProcessInfo, host: Optional[str] = None, parent: Optional[ProcessInfo] = None,
+            children: Sequence[Tuple[ProcessInfo, str]] = (), text: str = "", parent_text: str = "",
+            **extra: object) -> str:
+    """The tag line of one process (:func:`tag_fields`).
+
+    A child of a rank with the rank's own RANK (a forked DataLoader worker inherits the
+    environment) is that rank's worker, not a second process of the same rank.
+    """
+    return format_tag(**tag_fields(info, host, parent, children, text, parent_text, **extra))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -205,16 +429,32 @@ def pyspy_dump(pid: int, native: bool = False, locals_: bool = False, nonblockin
 
 
 def _run(cmd: Sequence[str], timeout: float, how: str) -> Attempt:
+    """Run a dumper in a session of its own; past ``timeout`` the whole session is killed (a
+    dumper's own children must not keep the pipes open, nor the dump waiting)."""
     try:
-        p = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                           timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return Attempt(False, how=how, reason=f"{how} timed out after {timeout:g}s")
+        p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
     except OSError as e:
         return Attempt(False, how=how, reason=f"{how}: {e}")
-    out = p.stdout.decode("utf-8", "replace")
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # something outside the session holds the pipes
+            p.kill()
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
+            p.wait()
+        return Attempt(False, how=how, reason=f"{how} timed out after {timeout:g}s")
+    out = stdout.decode("utf-8", "replace")
     if p.returncode != 0 or not out.strip():
-        err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        err = stderr.decode("utf-8", "replace").strip().splitlines()
         return Attempt(False, how=how, reason=f"{how} exit {p.returncode}: {err[-1] if err else 'no output'}")
     return Attempt(True, out, how=how)
 
@@ -274,14 +514,18 @@ def signal_dump(pid: int, wait: float = SIGNAL_WAIT) -> Attempt:
 
 
 def gdb_dump(pid: int, timeout: float = DEFAULT_TIMEOUT) -> Attempt:
+    """gdb's ``thread apply all py-bt`` (Python frames, from the interpreter's own gdb extension),
+    else ``thread apply all bt`` (C frames); :mod:`hangdoc.readers.gdb` reads both."""
     exe = shutil.which("gdb")
     if not exe:
         return Attempt(False, how="gdb", reason="gdb not installed")
     # the interpreter's own gdb extension (py-bt) is only auto-loaded from a trusted path
     base = [exe, "-p", str(pid), "-batch", "-nx", "-iex", "set auto-load safe-path /", "-ex", "set pagination off"]
     first = _run(base + ["-ex", "thread apply all py-bt"], timeout, "gdb")
-    if first.ok and "Undefined command" not in first.text and "Traceback" in first.text:
+    if first.ok and "Traceback (most recent call first)" in first.text:
         return first
+    if not first.ok and "timed out" in first.reason:
+        return first  # the same attach would time out again
     return _run(base + ["-ex", "thread apply all bt"], timeout, "gdb")
 
 
@@ -298,8 +542,58 @@ class Options:
     host: Optional[str] = None
 
 
+#: what became of one process: dumped, or why not
+DUMPED, STOPPED, UNRESPONSIVE, EXITED = "", "stopped", "unresponsive", "exited"
+
+
+@dataclass
+class Taken:
+    """The outcome of dumping one process."""
+
+    info: ProcessInfo
+    #: the dump, when one was taken
+    text: str = ""
+    #: the dumper that took it, when not py-spy
+    how: str = ""
+    #: DUMPED, or STOPPED (read as it is, or not at all), UNRESPONSIVE, EXITED (gone before or
+    #: while it was dumped: nothing to read, and nothing to blame it for as unresponsive)
+    status: str = DUMPED
+    reasons: List[str] = field(default_factory=list)
+
+
+def take(info: ProcessInfo, options: Options) -> Taken:
+    """Dump one process with py-spy, else the watchdog signal, else gdb; say why when none could."""
+    if info.state in ("Z", "X"):
+        return Taken(info, status=EXITED, reasons=["exited (a zombie: its parent has not reaped it yet)"])
+    stopped = info.state in ("T", "t")
+    # a stopped process cannot be paused by py-spy; read its memory as it is
+    attempt = pyspy_dump(info.pid, options.native, options.locals, options.nonblocking or stopped, options.timeout,
+                         options.pyspy)
+    reasons: List[str] = []
+    dumpers = []
+    if options.use_signal:
+        dumpers.append(lambda: signal_dump(info.pid))
+    if options.use_gdb:
+        dumpers.append(lambda: gdb_dump(info.pid, options.timeout))
+    for fallback in [None] + dumpers:
+        if fallback is not None:
+            attempt = fallback()
+        if attempt.ok:
+            return Taken(info, attempt.text, "" if attempt.how == "py-spy" else attempt.how,
+                         STOPPED if stopped else DUMPED, [f"state {info.state}"] if stopped else [])
+        if attempt.reason != "not hangdoc-wrapped":
+            reasons.append(attempt.reason)
+        why = gone(info)
+        if why is not None:
+            # a process that is gone failed every dumper for that reason alone
+            return Taken(info, status=EXITED, reasons=[why])
+    if stopped:
+        reasons.insert(0, f"stopped (state {info.state})")
+    return Taken(info, status=STOPPED if stopped else UNRESPONSIVE, reasons=reasons)
+
+
 def undumpable_block(info: ProcessInfo, reasons: Sequence[str], status: str = "unresponsive",
-                     host: Optional[str] = None, parent: Optional[ProcessInfo] = None) -> str:
+                     host: Optional[str] = None, parent: Optional[ProcessInfo] = None, parent_text: str = "") -> str:
     """The block of a process no dumper could read: its tag line with ``status`` and ``reason``,
     then one ``Error: ...`` line, the form py-spy prints its own failures in, which the readers
     take as an unresponsive process.
@@ -309,53 +603,72 @@ def undumpable_block(info: ProcessInfo, reasons: Sequence[str], status: str = "u
     Error: py-spy timed out after 10s
     """
     message = " ".join("; ".join(reasons).split()) or "no dumper could read it"
-    return tag_for(info, host, parent, status=status, reason=_one_line(message)) + "\nError: " + message + "\n"
+    return (tag_for(info, host, parent, parent_text=parent_text, status=status, reason=_one_line(message))
+            + "\nError: " + message + "\n")
+
+
+def exited_block(info: ProcessInfo, reason: str = "exited", host: Optional[str] = None,
+                 parent: Optional[ProcessInfo] = None, parent_text: str = "") -> str:
+    """The line of a process that exited before it could be dumped (:data:`hangdoc.tags.EXITED_PREFIX`).
+
+    It is no tag line and no dump follows it: the readers skip it, so the process is not read as
+    unresponsive; an exited rank shows as missing (``missing-rank``) where the world size is known.
+
+    >>> print(exited_block(ProcessInfo(pid=7, ppid=1, environ={"RANK": "1"}), host="n1"), end="")
+    # hangdoc exited host=n1 pid=7 ppid=1 rank=1 role=rank source=hangdoc-dump reason=exited
+    """
+    return format_exited(**tag_fields(info, host, parent, parent_text=parent_text, reason=_one_line(reason))) + "\n"
+
+
+def block(taken: Taken, host: Optional[str] = None, parent: Optional[ProcessInfo] = None,
+          children: Sequence[Tuple[ProcessInfo, str]] = (), parent_text: str = "") -> str:
+    """One process's block: tag line, then the dump (or the reasons it could not be taken).
+    ``children`` (with their dumps) and ``parent_text`` (the parent's dump) help say who it is."""
+    info = taken.info
+    if taken.status == EXITED:
+        return exited_block(info, "; ".join(taken.reasons), host, parent, parent_text)
+    if not taken.text:
+        return undumpable_block(info, taken.reasons, taken.status, host, parent, parent_text)
+    extra: Dict[str, object] = {}
+    if taken.status == STOPPED:
+        extra = {"status": STOPPED, "reason": f"state_{info.state}"}
+    if taken.how:
+        extra["dumper"] = taken.how
+    text = taken.text if taken.text.endswith("\n") else taken.text + "\n"
+    return tag_for(info, host, parent, children, taken.text, parent_text, **extra) + "\n" + text
 
 
 def dump_process(info: ProcessInfo, options: Options, parent: Optional[ProcessInfo] = None) -> str:
-    """One process's block: tag line, then the dump (or the reasons it could not be taken)."""
-    if info.state == "Z":
-        return undumpable_block(info, ["zombie process (state Z)"], "stopped", options.host, parent)
-    extra: Dict[str, object] = {}
-    nonblocking = options.nonblocking
-    if info.state in ("T", "t"):
-        # a stopped process cannot be paused by py-spy; read its memory as it is
-        extra = {"status": "stopped", "reason": f"state_{info.state}"}
-        nonblocking = True
-    reasons: List[str] = []
-    attempt = pyspy_dump(info.pid, options.native, options.locals, nonblocking, options.timeout, options.pyspy)
-    if not attempt.ok:
-        reasons.append(attempt.reason)
-        if options.use_signal:
-            attempt = signal_dump(info.pid)
-            if not attempt.ok and attempt.reason != "not hangdoc-wrapped":
-                reasons.append(attempt.reason)
-        if not attempt.ok and options.use_gdb:
-            attempt = gdb_dump(info.pid, options.timeout)
-            if not attempt.ok:
-                reasons.append(attempt.reason)
-    if not attempt.ok:
-        if info.state in ("T", "t"):
-            reasons.insert(0, f"stopped (state {info.state})")
-        return undumpable_block(info, reasons, "stopped" if extra else "unresponsive", options.host, parent)
-    if attempt.how != "py-spy":
-        extra["dumper"] = attempt.how
-    text = attempt.text if attempt.text.endswith("\n") else attempt.text + "\n"
-    return tag_for(info, options.host, parent, **extra) + "\n" + text
+    """One process's block, dumped now (:func:`take`, :func:`block`)."""
+    return block(take(info, options), options.host, parent)
 
 
 def dump(processes: Iterable[ProcessInfo], options: Optional[Options] = None, workers: int = 4) -> str:
-    """The dumps of ``processes`` in pid order, one block each, separated by a blank line."""
+    """The dumps of ``processes`` in pid order, one block each, separated by a blank line.
+
+    All are dumped first: who a process is may depend on its relatives' stacks (the parent of
+    ``torch.multiprocessing.spawn`` ranks is their launcher, and they are its ranks).
+    """
     options = options or Options()
     procs = sorted(processes, key=lambda i: i.pid)
     if not procs:
         return ""
-    by_pid = {i.pid: i for i in procs}
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(procs)))) as pool:
-        blocks = list(pool.map(lambda i: dump_process(i, options, by_pid.get(i.ppid) or describe(i.ppid)), procs))
+        taken = list(pool.map(lambda i: take(i, options), procs))
+    by_pid = {i.pid: i for i in procs}
+    texts = {t.info.pid: t.text for t in taken}
+    children: Dict[int, List[Tuple[ProcessInfo, str]]] = {}
+    for t in taken:
+        children.setdefault(t.info.ppid, []).append((t.info, t.text))
+    parents: Dict[int, Optional[ProcessInfo]] = {}
+    blocks = []
+    for t in taken:
+        ppid = t.info.ppid
+        if ppid not in parents:
+            parents[ppid] = by_pid.get(ppid) or describe(ppid)
+        blocks.append(block(t, options.host, parents[ppid], children.get(t.info.pid, ()), texts.get(ppid, "")))
     return "\n".join(blocks)
 
 
 def default_output(host: Optional[str] = None) -> str:
     return f"trace-{host or short_hostname()}.out"
-

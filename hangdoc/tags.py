@@ -17,12 +17,27 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 PREFIX = "# hangdoc process "
+#: The line ``hangdoc dump`` writes instead of a tag and a dump for a process that exited before it
+#: could be dumped. It is no tag (no dump follows it, so it must not name the next one): the
+#: readers skip it like any comment.
+EXITED_PREFIX = "# hangdoc exited "
 
 
 def format_tag(**fields: object) -> str:
     """One line; ``None`` values are left out, values must not contain spaces (they are replaced)."""
     parts = [f"{k}={str(v).replace(' ', '_')}" for k, v in fields.items() if v is not None]
     return PREFIX + " ".join(parts)
+
+
+def format_exited(**fields: object) -> str:
+    """The :data:`EXITED_PREFIX` line: the fields of a tag line, for a process that is gone.
+
+    >>> format_exited(host="node1", pid=42, rank=3, reason="exited")
+    '# hangdoc exited host=node1 pid=42 rank=3 reason=exited'
+    >>> parse_tag(format_exited(pid=42)) is None
+    True
+    """
+    return EXITED_PREFIX + format_tag(**fields)[len(PREFIX):]
 
 
 def parse_tag(line: str) -> Optional[Dict[str, str]]:

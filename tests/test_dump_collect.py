@@ -127,7 +127,7 @@ def test_forked_worker_is_tagged_as_the_ranks_worker(target):
     r = _dump("--pid", str(p.pid), "-o", "-")
     assert r.returncode == 0, r.stderr
     (rank, _), (worker, body) = _blocks(r.stdout)
-    assert rank["rank"] == "2" and "role" not in rank
+    assert rank["rank"] == "2" and rank["role"] == "rank"
     assert worker["role"] == "dataloader-worker" and worker["parent_rank"] == "2" and "rank" not in worker
     assert worker["ppid"] == rank["pid"] and "waiting_for_godot" in body
 

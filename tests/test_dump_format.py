@@ -27,3 +27,20 @@ def test_undumpable_block_round_trips_through_the_readers(reasons, rank, status)
     assert not any(c.isspace() for c in fields["reason"])
     (p,) = read_text(block).processes
     assert (p.host, p.pid, p.rank, p.status) == ("node1", 4242, rank, status)
+
+
+@settings(max_examples=60, deadline=None)
+@given(reason=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80),
+       rank=st.one_of(st.none(), st.integers(0, 4095)))
+def test_exited_line_is_no_process_and_names_no_other(reason, rank):
+    """The line of a process that exited while it was dumped is skipped by the readers: it is not a
+    process (not unresponsive), and the block after it keeps its own identity."""
+    from hangdoc.collect import exited_block
+
+    env = {} if rank is None else {"RANK": str(rank), "WORLD_SIZE": "4096"}
+    gone = exited_block(ProcessInfo(pid=4242, ppid=1, cmdline=["python", "train.py"], environ=env), reason, host="node1")
+    assert gone.count("\n") == 1 and parse_tag(gone) is None
+    live = undumpable_block(ProcessInfo(pid=77, ppid=1, environ={"RANK": "4095"}), ["py-spy timed out"], host="node2")
+    job = read_text(gone + "\n" + live)
+    (p,) = job.processes
+    assert (p.host, p.pid, p.rank) == ("node2", 77, 4095)

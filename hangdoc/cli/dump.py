@@ -5,8 +5,11 @@ Writes ``trace-{host}.out`` (or ``-o FILE``, ``-o -`` for stdout), ready for::
     srun --overlap --jobid $JOB --ntasks-per-node=1 --output=trace-%N.out hangdoc dump -o -
     hangdoc aggregate trace-*.out
 
-Exit status 0 when every process found was dumped, 1 when some could not be (they are in the
-output with ``status=unresponsive``), 2 when no Python process was found or on a usage error.
+Exit status 0 when every process found was dumped (or exited meanwhile: ``# hangdoc exited``
+lines), 1 when some could not be (they are in the output with ``status=unresponsive``), 2 when no
+Python process was found or on a usage error (an output file that cannot be created is found
+before anything is dumped), 3 when the output file could not be written after the dump: the
+stacks then go to stdout, so they are not lost.
 """
 
 from __future__ import annotations
@@ -29,17 +32,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-signal", action="store_true", help="never signal hangdoc-wrapped processes for a faulthandler dump")
     parser.add_argument("--no-gdb", action="store_true", help="never fall back to gdb")
     parser.add_argument("--py-spy", metavar="PATH", help="the py-spy executable (default: from PATH)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="output file, '-' for stdout (default: trace-{host}.out)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="output file, '-' for stdout (default: trace-{host}.out); its directory is checked before "
+                             "dumping (exit 2 if it cannot be written there); should the write still fail after the "
+                             "dump, the stacks go to stdout instead and the exit status is 3")
+    parser.epilog = ("exit status: 0 all dumped (processes that exited meanwhile are listed, not dumped), "
+                     "1 some unresponsive, 2 nothing found or a usage error, 3 the output file failed after the dump "
+                     "(the stacks went to stdout)")
+
+
+def _check_writable(path: str) -> None:
+    """Fail before dumping (and pausing every rank for nothing) when ``path`` cannot be created:
+    a file is created and removed in its directory, or in the nearest existing parent of a
+    directory still to be made (the write makes missing directories)."""
+    import tempfile
+
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write {path}: it is a directory")
+    directory = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    try:
+        with tempfile.NamedTemporaryFile(prefix=".hangdoc-", suffix=".tmp", dir=directory):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from hangdoc import collect
     from hangdoc.atomic import write_atomic
+    from hangdoc.tags import EXITED_PREFIX
 
     if args.timeout <= 0:
         raise UsageError("--timeout must be > 0")
     if not os.path.isdir("/proc/self"):
         raise UsageError("hangdoc dump reads /proc, which this system does not have (Linux only)")
+    out = None if args.output == "-" else (args.output or collect.default_output())
+    if out is not None:
+        _check_writable(out)
     try:
         procs = collect.find_processes(args.pid, all_users=args.all_users)
     except LookupError as e:
@@ -51,13 +82,25 @@ def run(args: argparse.Namespace) -> int:
                               timeout=args.timeout, use_signal=not args.no_signal, use_gdb=not args.no_gdb,
                               pyspy=args.py_spy)
     text = collect.dump(procs, options)
-    failed = sum(1 for line in text.splitlines() if line.startswith("# hangdoc process ") and " status=unresponsive" in line)
-    if args.output == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        out = args.output or collect.default_output()
+    lines = text.splitlines()
+    failed = sum(1 for line in lines if line.startswith("# hangdoc process ") and " status=unresponsive" in line)
+    exited = sum(1 for line in lines if line.startswith(EXITED_PREFIX))
+    notes = [f"{failed} unresponsive"] * bool(failed) + [f"{exited} exited while dumping, not dumped"] * bool(exited)
+    if out is None:  # stdout: nothing else is printed (srun --output may send stderr to the same file)
+        _write_stdout(text)
+        return 1 if failed else 0
+    try:
         write_atomic(out, text)
-        print(f"hangdoc dump: {len(procs)} process{'es' if len(procs) != 1 else ''} -> {os.path.abspath(out)}"
-              + (f" ({failed} unresponsive)" if failed else ""), file=sys.stderr)
+    except OSError as e:
+        # the dump is taken (every rank was paused for it): a file system error must not lose it
+        print(f"hangdoc dump: cannot write {out}: {e.strerror or e}; the stacks follow on stdout", file=sys.stderr)
+        _write_stdout(text)
+        return 3
+    print(f"hangdoc dump: {len(procs)} process{'es' if len(procs) != 1 else ''} -> {os.path.abspath(out)}"
+          + (f" ({', '.join(notes)})" if notes else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""gdb ``thread apply all bt`` output (``gdb -p PID -batch -ex "thread apply all bt"``).
+"""gdb ``thread apply all bt`` and ``thread apply all py-bt`` output (``gdb -p PID -batch -ex "thread apply all bt"``).
 
 ::
 
@@ -11,11 +11,17 @@
     ...
     [Inferior 1 (process 18005) detached]
 
-All frames are C frames (``native``), printed innermost first (stored outermost first). The
+``bt`` frames are C frames (``native``), printed innermost first (stored outermost first). The
 function keeps its C++ signature when gdb prints one; the file is the source file (``at
 file:line``, with its line) or the library's base name (``from lib.so``). gdb numbers threads
 downwards and ends with thread 1, the main thread, whose LWP is the pid; ``[Inferior 1 (process
 N) detached]`` names the pid too. gdb's chatter (``[New LWP ...]``, warnings) is skipped.
+
+``py-bt`` (the interpreter's gdb extension, what ``hangdoc dump`` falls back to) prints, under the
+same thread lines, ``Traceback (most recent call first):`` and one ``File "f", line N, in func``
+per Python frame (its source line under it is skipped), a C function called from Python as
+``<built-in method sleep of module object at remote 0x...>`` (a native frame ``sleep``), and
+``Unable to locate python frame`` for a thread that runs no Python (no frames).
 
     >>> from hangdoc.readers import read_text
     >>> job = read_text('''Thread 1 (Thread 0x7f46f006db80 (LWP 18005) "python"):
@@ -25,6 +31,16 @@ N) detached]`` names the pid too. gdb's chatter (``[New LWP ...]``, warnings) is
     >>> p = job.processes[0]
     >>> (p.pid, [f.label() for f in p.main_thread.frames])
     (18005, ['gloo::transport::tcp::Loop::run() (libtorch_cpu.so)', 'epoll_wait (../sysdeps/unix/sysv/linux/epoll_wait.c:30)'])
+    >>> job = read_text('''Thread 1 (Thread 0x7f46f006db80 (LWP 18005) "python"):
+    ... Traceback (most recent call first):
+    ...   <built-in method sleep of module object at remote 0x7f2a21dc7330>
+    ...   File "/tmp/train.py", line 5, in step
+    ...     time.sleep(1000)
+    ...   File "/tmp/train.py", line 9, in <module>
+    ...     step()
+    ... ''')
+    >>> [f.label() for f in job.processes[0].main_thread.frames]
+    ['<module> (/tmp/train.py:9)', 'step (/tmp/train.py:5)', 'sleep']
 """
 
 from __future__ import annotations
@@ -43,6 +59,13 @@ _FRAME_NO_RE = re.compile(r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.*)$")
 _INFERIOR_RE = re.compile(r"^\[Inferior \d+ \(process (\d+)\) detached\]")
 _AT_RE = re.compile(r"^(.*) at (\S+):(\d+)$")
 _FROM_RE = re.compile(r"^(.*) from (\S+)$")
+# py-bt (CPython's Tools/gdb/libpython.py): frame lines are indented by two spaces, a frame's
+# source line under it by four
+_PY_HEADER = "Traceback (most recent call first):"
+_PY_FILE_RE = re.compile(r'^  File "(.*)", line (\d+), in (.+?)\s*$')
+_PY_BUILTIN_RE = re.compile(r"^  <built-in (?:method|function) ([^\s>]+)")
+# what py-bt and gdb's Python print for what they cannot show: no frame of ours
+_PY_NOTES = ("Unable to locate python frame", "Python Exception ", "Error occurred in Python")
 
 
 def starts(line: str) -> bool:
@@ -67,6 +90,9 @@ def _strip_args(text: str) -> str:
 
 
 def parse_frame_line(text: str) -> Optional[Frame]:
+    """One frame line of ``bt`` (``#3  0x... in func (args) at file:line``) or of ``py-bt``."""
+    if not text.startswith("#"):
+        return _parse_py_line(text)
     m = _FRAME_NO_RE.match(text)
     if not m:
         return None
@@ -83,6 +109,16 @@ def parse_frame_line(text: str) -> Optional[Frame]:
     return make_frame(function, file, line, native=True)
 
 
+def _parse_py_line(text: str) -> Optional[Frame]:
+    m = _PY_FILE_RE.match(text)
+    if m:
+        return make_frame(m.group(3), m.group(1), int(m.group(2)))
+    m = _PY_BUILTIN_RE.match(text)
+    if m:
+        return make_frame(m.group(1), "", None, native=True)
+    return None
+
+
 class GdbParser(BlockParser):
     format = FORMAT
     indent = "#"
@@ -95,12 +131,20 @@ class GdbParser(BlockParser):
         self._raw: List[str] = []
         self.process_start = lineno
         self.last_number: Optional[int] = None
+        #: the current thread is py-bt's (``Traceback (most recent call first):`` seen)
+        self._py = False
 
     def feed(self, lineno: int, line: str) -> bool:
         if line.startswith("#"):
             if self._thread is None:
                 return False
             self._raw.append(line)
+            return True
+        if self._py and line.startswith("  "):
+            if line.startswith(("  File ", "  <built-in ")):
+                self._raw.append(line)
+            # else a frame's source line (four spaces), or py-bt's notes:
+            # "(frame information optimized out)", "Waiting for the GIL", "Garbage-collecting"
             return True
         if line.startswith("Thread "):
             m = _THREAD_RE.match(line)
@@ -125,6 +169,11 @@ class GdbParser(BlockParser):
         if not line.strip():
             self._end_thread()
             return True
+        if self._thread is not None and line == _PY_HEADER:
+            self._py = True
+            return True
+        if self._thread is not None and line.startswith(_PY_NOTES):
+            return True
         if line.startswith(("    ", "\t")) and self._thread is not None:
             return True  # a wrapped argument list
         return False
@@ -133,7 +182,7 @@ class GdbParser(BlockParser):
         if self._thread is None:
             return
         number, lwp, name = self._thread
-        raw, self._raw, self._thread, self.sink = self._raw, [], None, None
+        raw, self._raw, self._thread, self.sink, self._py = self._raw, [], None, None, False
         frames = self.stack_of(raw, parse_frame_line, True, self._thread_line)
         # gdb lines carry addresses and argument values that differ from process to process:
         # intern by the frames themselves too, so equal stacks still share one tuple
