@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.runtime.identity import _LOCAL_RANK_VARS, _RANK_VARS, _WORLD_VARS, _first_int, short_hostname
+from hangdoc.cmdline import PYTHON_NAME as _PYTHON_NAME
+from hangdoc.cmdline import launcher_name, program_of
 from hangdoc.tags import format_exited, format_tag
 
 #: seconds py-spy / gdb may take on one process
@@ -41,7 +43,6 @@ DEFAULT_TIMEOUT = 10.0
 SIGNAL_WAIT = 3.0
 
 _SIGNAL_FILE = re.compile(r"hangdoc-signal-(\d+)-(SIG\w+)-")
-_PYTHON_NAME = re.compile(r"^(python|pypy)[\d.]*m?$")
 
 
 @dataclass
@@ -62,86 +63,6 @@ class ProcessInfo:
     def is_python(self) -> bool:
         names = [os.path.basename(self.exe)] + [os.path.basename(a) for a in self.cmdline[:1]]
         return any(_PYTHON_NAME.match(n or "") for n in names)
-
-
-# -- what a command line runs ------------------------------------------------------------------
-#: python options that take a value (``-W error``, ``-Xdev``, ``--check-hash-based-pycs never``)
-_PY_OPTS_WITH_VALUE = set("WX")
-#: launchers run as a module (``python -m M``); the value is the subcommand they need, if any
-_LAUNCHER_MODULES = {
-    "torch.distributed.run": None, "torch.distributed.launch": None,
-    "deepspeed.launcher.launch": None, "deepspeed.launcher.runner": None,
-    "accelerate.commands.launch": None, "accelerate.commands.accelerate_cli": "launch",
-}
-#: launchers run as a program (a console script: ``python /venv/bin/torchrun``, or ``torchrun``)
-_LAUNCHER_PROGRAMS = {"torchrun": None, "deepspeed": None, "accelerate-launch": None, "accelerate": "launch"}
-
-
-def program_of(cmdline: Sequence[str]) -> Tuple[str, str, List[str]]:
-    """What a command line executes: ``(kind, what, arguments)``, kind ``module`` (``-m``), ``code``
-    (``-c``), ``script`` (a file given to the interpreter) or ``program`` (not an interpreter).
-
-    >>> program_of(["python3", "-u", "-X", "dev", "-m", "torch.distributed.run", "t.py"])
-    ('module', 'torch.distributed.run', ['t.py'])
-    >>> program_of(["/venv/bin/python", "/venv/bin/torchrun", "--standalone"])
-    ('script', '/venv/bin/torchrun', ['--standalone'])
-    >>> program_of(["torchrun", "t.py"])
-    ('program', 'torchrun', ['t.py'])
-    """
-    if not cmdline:
-        return "program", "", []
-    if not _PYTHON_NAME.match(os.path.basename(cmdline[0])):
-        return "program", cmdline[0], list(cmdline[1:])
-    args = list(cmdline[1:])
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            return ("script", args[i + 1], args[i + 2:]) if i + 1 < len(args) else ("code", "", [])
-        if a.startswith("--"):
-            i += 2 if a == "--check-hash-based-pycs" else 1
-            continue
-        if a.startswith("-") and len(a) > 1:
-            for j, c in enumerate(a[1:], 1):
-                if c in "mc":  # the rest of the cluster or the next argument is the value
-                    kind = "module" if c == "m" else "code"
-                    if a[j + 1:]:
-                        return kind, a[j + 1:], args[i + 1:]
-                    return kind, args[i + 1] if i + 1 < len(args) else "", args[i + 2:]
-                if c in _PY_OPTS_WITH_VALUE:
-                    if not a[j + 1:]:
-                        i += 1
-                    break
-            i += 1
-            continue
-        return "script", a, args[i + 1:]
-    return "code", "", []  # an interactive interpreter
-
-
-def launcher_name(cmdline: Sequence[str]) -> Optional[str]:
-    """The launcher a command line runs (``torchrun``, ``torch.distributed.run``, ``deepspeed``,
-    ``accelerate launch``, ...), judged by what is executed: the program or script's base name or
-    the ``-m`` module, never a substring of a path (``python /home/u/accelerate/train.py`` is no
-    launcher).
-
-    >>> launcher_name(["python", "/home/u/torchrun/train.py"]) is None
-    True
-    >>> launcher_name(["python", "/venv/bin/accelerate", "launch", "train.py"])
-    'accelerate launch'
-    """
-    kind, what, rest = program_of(cmdline)
-    if kind == "module":
-        table, name = _LAUNCHER_MODULES, what
-    elif kind in ("script", "program"):
-        table, name = _LAUNCHER_PROGRAMS, os.path.basename(what)
-    else:
-        return None
-    if name not in table:
-        return None
-    sub = table[name]
-    if sub is None:
-        return name
-    return f"{name} {sub}" if rest[:1] == [sub] else None
 
 
 def multiprocessing_kind(cmdline: Sequence[str]) -> str:
@@ -281,7 +202,13 @@ def find_processes(launcher_pid: Optional[int] = None, all_users: bool = False) 
     else:
         uid = os.getuid()
         pids = [p for p, i in infos.items() if all_users or i.uid == uid]
-    return [infos[p] for p in pids if p in infos and p not in ancestors and infos[p].is_python]
+    return [infos[p] for p in pids if p in infos and p not in ancestors and infos[p].is_python
+            and not _is_own_helper(infos[p])]
+
+
+def _is_own_helper(info: ProcessInfo) -> bool:
+    """hangdoc's own process inside a job (the output prefixer's drainer): not part of the job."""
+    return any("hangdoc_prefix_drainer" in a for a in info.cmdline[1:5])
 
 
 @dataclass

@@ -148,3 +148,23 @@ def test_stopped_process_is_marked_and_still_dumped(target):
 def test_no_process_is_exit_2():
     r = _dump("--pid", "999999999")
     assert r.returncode == 2 and "no process" in r.stderr
+
+
+def test_the_output_prefixer_s_drainer_is_not_dumped_as_part_of_the_job(tmp_path):
+    """A wrapped job's output goes through hangdoc's drainer process (its own, no rank): hangdoc dump
+    must not list it as a second, rank-less process of the job."""
+    from hangdoc import collect
+
+    (tmp_path / "job.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-m", "hangdoc", "job.py"], cwd=str(tmp_path), stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().endswith("ready\n")
+        drainers = [pid for pid in collect.all_pids()
+                    if (info := collect.describe(pid)) is not None and any("hangdoc_prefix_drainer" in a for a in info.cmdline)]
+        assert drainers, "the job runs no drainer: prefixing changed, this test must too"
+        found = {i.pid for i in collect.find_processes()}
+        assert p.pid in found and not set(drainers) & found
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)

@@ -314,3 +314,16 @@ def test_rank_map_naming_a_worker_gives_its_parent_rank():
                      rank_map={k: v for k, v in flat.items() if v is not None and t[k]["role"] == "dataloader-worker"})
     assert sorted((p.pid, p.parent_rank, p.rank) for p in job.processes if p.role == ROLE_WORKER) == sorted(
         (int(k.split(":")[1]), v["parent_rank"], None) for k, v in t.items() if v["role"] == "dataloader-worker")
+
+
+def test_a_rank_whose_script_path_mentions_a_launcher_is_a_rank():
+    """py-spy's Process line: the role comes from what the command runs (hangdoc.cmdline), the same
+    rule hangdoc dump uses, never from a substring of a path."""
+    from hangdoc.readers import read_text
+
+    text = ('Process 7: /usr/bin/python3 /home/u/torchrun-exps/accelerate/train.py --lr 1\nPython v3.11.7\n\n'
+            'Thread 7 (idle): "MainThread"\n    main (train.py:3)\n\n'
+            'Process 6: /usr/bin/python3 -u -m torch.distributed.run --nproc-per-node 2 /home/u/train.py\nPython v3.11.7\n\n'
+            'Thread 6 (idle): "MainThread"\n    _invoke_run (torch/distributed/elastic/agent/server/api.py:908)\n')
+    job = read_text(text, name="trace-n1.out")
+    assert {p.pid: p.role for p in job.processes} == {7: "rank", 6: "launcher"}

@@ -27,6 +27,8 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Dict, Iterable, List
 
+from hangdoc.cmdline import launcher_name, split
+
 if TYPE_CHECKING:  # pragma: no cover
     from hangdoc.model import Frame, Process
 
@@ -264,6 +266,12 @@ def is_launcher_stack(frames: Iterable["Frame"]) -> bool:
     return False
 
 
+@lru_cache(maxsize=4096)
+def _runs_launcher(command: str) -> bool:
+    # every rank of a job prints the same command line: parsed once, not 131,072 times
+    return launcher_name(split(command)) is not None
+
+
 def role_of(process: "Process") -> str:
     """What a process is, from its stacks and command line: rank, DataLoader worker or launcher.
 
@@ -271,6 +279,8 @@ def role_of(process: "Process") -> str:
     >>> t = Thread(frames=(Frame("_worker_loop", "torch/utils/data/_utils/worker.py", 334),), is_main=True)
     >>> role_of(Process(threads=[t]))
     'dataloader-worker'
+    >>> role_of(Process(command="python /home/u/torchrun/train.py")), role_of(Process(command="/venv/bin/python /venv/bin/torchrun t.py"))
+    ('rank', 'launcher')
     """
     from hangdoc.model import ROLE_LAUNCHER, ROLE_RANK, ROLE_UNKNOWN, ROLE_WORKER
 
@@ -280,9 +290,8 @@ def role_of(process: "Process") -> str:
     if main is not None and is_worker_stack(main.frames):
         return ROLE_WORKER
     cmd = process.command
-    if ("torch.distributed.run" in cmd or "torchrun" in cmd or "torch.distributed.launch" in cmd) or (
-        main is not None and is_launcher_stack(main.frames)
-    ):
+    # what the command runs, not a substring of it: `python /home/u/torchrun-exps/train.py` is a rank
+    if (cmd and _runs_launcher(cmd)) or (main is not None and is_launcher_stack(main.frames)):
         return ROLE_LAUNCHER
     # A process the dumper could not read still has a command line when py-spy printed its
     # "Process N: cmd" line: the launcher's children are the ranks.
