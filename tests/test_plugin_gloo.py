@@ -81,13 +81,17 @@ def env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def test_pass_fail_crash_and_divergence_under_xdist(pytester, env):
-    pytester.makeconftest("""
+# a fixture that depends on the rank: the ranks run in processes of their own
+SHARD_CONFTEST = """
 import pytest
 @pytest.fixture
 def shard(rank, world_size):
     return list(range(rank, 10, world_size))
-""")
+"""
+
+
+def test_pass_fail_crash_and_divergence_under_xdist(pytester, env):
+    pytester.makeconftest(SHARD_CONFTEST)
     pytester.makepyfile(test_g=HEADER + """
 @pytest.mark.world_size(2)
 def test_pass(rank, world_size, shard, tmp_path):
@@ -281,12 +285,7 @@ def test_rank_tracebacks_with_tb_line(pytester, env):
 
 def test_hung_fake_rank_processes_are_reported_and_killed(pytester, env):
     """The fake backend in rank processes (a fixture depends on the rank) honours the timeout too."""
-    pytester.makeconftest("""
-import pytest
-@pytest.fixture
-def shard(rank, world_size):
-    return list(range(rank, 10, world_size))
-""")
+    pytester.makeconftest(SHARD_CONFTEST)
     pytester.makepyfile(test_fh=HEADER + """
 def load_next_batch():
     time.sleep(120)
