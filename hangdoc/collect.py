@@ -538,8 +538,8 @@ def exited_block(info: ProcessInfo, reason: str = "exited", host: Optional[str] 
                  parent: Optional[ProcessInfo] = None, parent_text: str = "") -> str:
     """The line of a process that exited before it could be dumped (:data:`hangdoc.tags.EXITED_PREFIX`).
 
-    It is no tag line and no dump follows it: the readers skip it, so the process is not read as
-    unresponsive; an exited rank shows as missing (``missing-rank``) where the world size is known.
+    It is no tag line and no dump follows it: the readers make it a process with status
+    ``exited`` and no stack (not unresponsive); an exited rank is a ``missing-rank`` finding.
 
     >>> print(exited_block(ProcessInfo(pid=7, ppid=1, environ={"RANK": "1"}), host="n1"), end="")
     # hangdoc exited host=n1 pid=7 ppid=1 rank=1 role=rank source=hangdoc-dump reason=exited

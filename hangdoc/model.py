@@ -36,6 +36,7 @@ STATUS_OK = "ok"
 STATUS_UNRESPONSIVE = "unresponsive"  #: the dumper could not read it (py-spy error, timeout)
 STATUS_TRUNCATED = "truncated"  #: the dump of this process is cut off
 STATUS_STOPPED = "stopped"  #: the process is stopped (SIGSTOP, state T) or a zombie
+STATUS_EXITED = "exited"  #: gone before it could be dumped (``hangdoc dump``'s exited line): no stack
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Dict, Optional
 PREFIX = "# hangdoc process "
 #: The line ``hangdoc dump`` writes instead of a tag and a dump for a process that exited before it
 #: could be dumped. It is no tag (no dump follows it, so it must not name the next one): the
-#: readers skip it like any comment.
+#: readers read it as a process of its own with status ``exited`` (see :func:`parse_exited`).
 EXITED_PREFIX = "# hangdoc exited "
 
 
@@ -51,3 +51,15 @@ def parse_tag(line: str) -> Optional[Dict[str, str]]:
             k, v = part.split("=", 1)
             fields[k] = v
     return fields
+
+
+def parse_exited(line: str) -> Optional[Dict[str, str]]:
+    """The fields of an :data:`EXITED_PREFIX` line, or None when ``line`` is not one.
+
+    >>> parse_exited("# hangdoc exited host=n1 pid=7 rank=1 reason=exited")["pid"]
+    '7'
+    """
+    line = line.strip()
+    if not line.startswith(EXITED_PREFIX.strip()):
+        return None
+    return parse_tag(PREFIX + line[len(EXITED_PREFIX.strip()):].strip())

@@ -33,8 +33,8 @@ def test_undumpable_block_round_trips_through_the_readers(reasons, rank, status)
 @given(reason=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80),
        rank=st.one_of(st.none(), st.integers(0, 4095)))
 def test_exited_line_is_no_process_and_names_no_other(reason, rank):
-    """The line of a process that exited while it was dumped is skipped by the readers: it is not a
-    process (not unresponsive), and the block after it keeps its own identity."""
+    """The line of a process that exited while it was dumped is a process of its own with status
+    exited and no stack (never unresponsive), and the block after it keeps its own identity."""
     from hangdoc.collect import exited_block
 
     env = {} if rank is None else {"RANK": str(rank), "WORLD_SIZE": "4096"}
@@ -42,5 +42,6 @@ def test_exited_line_is_no_process_and_names_no_other(reason, rank):
     assert gone.count("\n") == 1 and parse_tag(gone) is None
     live = undumpable_block(ProcessInfo(pid=77, ppid=1, environ={"RANK": "4095"}), ["py-spy timed out"], host="node2")
     job = read_text(gone + "\n" + live)
-    (p,) = job.processes
+    exited, p = job.processes
+    assert (exited.host, exited.pid, exited.rank, exited.status, exited.threads) == ("node1", 4242, rank, "exited", [])
     assert (p.host, p.pid, p.rank) == ("node2", 77, 4095)

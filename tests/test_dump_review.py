@@ -304,12 +304,16 @@ def test_process_that_exits_while_dumped_is_exited_not_unresponsive(procs, tmp_p
     exited = [line for line in text.splitlines() if line.startswith(tagline.EXITED_PREFIX)]
     assert len(exited) == 1 and " rank=1 " in exited[0] and " reason=" in exited[0], text
     job = read_paths([str(out)])
-    assert sorted(q.rank for q in job.processes if q.rank is not None) == [0]
-    assert len(job.processes) == 2  # the parent and rank 0; the exited rank is not a phantom process
+    # the exited rank is read as what it is: a process with no stack, status exited, named by pid
+    (gone,) = [q for q in job.processes if q.status == "exited"]
+    assert (gone.rank, gone.threads) == (1, [])
+    assert sorted(q.rank for q in job.processes if q.rank is not None and q.status == "ok") == [0]
+    assert len(job.processes) == 3  # the parent, rank 0, and the exited rank 1
     findings = diagnose(build_report(job))
     assert not any(f.kind == "unresponsive-process" for f in findings), [(f.kind, f.summary) for f in findings]
-    assert any(f.kind == "missing-rank" and [c.rank for c in f.culprits] == [1] for f in findings), \
-        [(f.kind, f.summary) for f in findings]
+    (missing,) = [f for f in findings if f.kind == "missing-rank"]
+    assert [(c.rank, c.pid) for c in missing.culprits] == [(1, gone.pid)]
+    assert missing.summary == "rank 1 exited before it could be dumped"
 
 
 # -- 4. ranks started by torch.multiprocessing.spawn -----------------------------------------------

@@ -49,6 +49,7 @@ from hangdoc.model import (
     ROLE_LAUNCHER,
     ROLE_WORKER,
     STATUS_OK,
+    STATUS_EXITED,
     STATUS_STOPPED,
     STATUS_TRUNCATED,
     Culprit,
@@ -336,6 +337,21 @@ class _Analysis:
                 for p in b.procs:
                     status_of[id(p)] = st = _status(p, b)
                     by_status.setdefault(st[0], []).append(p)
+        exited = by_status.pop(STATUS_EXITED, [])
+        if exited:
+            # gone before hangdoc dump reached it: no stack, and the likeliest reason for the wait
+            exited = _sorted(exited)
+            details = _cap([f"{who([p])}: pid {p.pid} on {p.host or '?'} was gone when dumped ({status_of[id(p)][1] or 'exited'})"
+                            + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in exited], "exited processes")
+            if waiting:
+                details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
+            self.out.append(Finding(
+                "missing-rank", f"{who(exited)} exited before {'it' if len(exited) == 1 else 'they'} could be dumped",
+                _culprits(exited), details,
+                ["Its log (the last traceback, the exit code in torchrun's failure table) and `dmesg` on its node "
+                 "(OOM killer) say why it died; the other ranks wait for it in their next collective.",
+                 "If it was restarted (torchrun --max-restarts), the new process has a new pid: dump the node again."],
+                0.75 if others else 0.5))
         for status, procs in sorted(by_status.items()):
             procs = _sorted(procs)
             details = _cap([f"{who([p])}: {status}" + (f" ({status_of[id(p)][1]})" if status_of[id(p)][1] else "")
@@ -358,7 +374,7 @@ class _Analysis:
                           "Check `grep State /proc/PID/status`: `D` means stuck in the kernel (driver, filesystem, GPU); `Z` means it died and was not reaped."]
                 conf = 0.7 if others else 0.5
             self.out.append(Finding("unresponsive-process", summary, _culprits(procs), details, advice, conf))
-        return bool(self.not_ok)
+        return bool(by_status) or bool(exited)
 
     def missing_ranks(self, waiting: List[_Bucket]) -> bool:
         if not self.missing:

@@ -49,7 +49,9 @@ from hangdoc.model import (
     Frame,
     ROLE_LAUNCHER,
     ROLE_RANK,
+    ROLE_UNKNOWN,
     ROLE_WORKER,
+    STATUS_EXITED,
     STATUS_OK,
     STATUS_TRUNCATED,
     CollectiveRecord,
@@ -65,7 +67,7 @@ from hangdoc.readers import pystack as _pystack
 from hangdoc.readers import traceback as _traceback
 from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks
 from hangdoc.tags import PREFIX as _TAG_PREFIX
-from hangdoc.tags import parse_tag
+from hangdoc.tags import parse_exited, parse_tag
 
 __all__ = [
     "read_paths", "read_files", "read_file", "read_text", "expand_paths", "finish_job", "load_rank_map",
@@ -202,6 +204,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     emitted: List[Tuple[_Channel, Process]] = []
     tags: List[Tuple[_Channel, int, Dict[str, str]]] = []
     failures: List[Dict[str, object]] = []
+    exits: List[Tuple[_Channel, int, Dict[str, str]]] = []
 
     def close(ch: _Channel) -> None:
         parser, ch.parser = ch.parser, None
@@ -245,7 +248,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
                             mindent = mp.indent
                         continue
                     close(main)
-            _dispatch(ctx, ch, lineno, text, close, tags, failures, tag_start)
+            _dispatch(ctx, ch, lineno, text, close, tags, failures, tag_start, exits)
             mp = main.parser
             if mp is not None and mp.sink is not None:
                 msink, mindent = mp.sink, mp.indent
@@ -261,6 +264,10 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
             lastp.status = STATUS_TRUNCATED
             lastp.status_detail = "the dump ends in the middle of a line"
 
+    for ch, lineno, fields in exits:
+        # a DataLoader worker or a launcher that exits is no news (workers come and go): only ranks
+        if fields.get("role") not in (ROLE_WORKER, ROLE_LAUNCHER):
+            emitted.append((ch, _exited_process(ctx, lineno, fields)))
     emitted.sort(key=lambda cp: cp[1].source_line)
     _apply_tags(emitted, tags)
     _apply_elastic_failures(emitted, failures)
@@ -283,8 +290,21 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     return procs
 
 
+def _exited_process(ctx: FileContext, lineno: int, fields: Dict[str, str]) -> Process:
+    """A process ``hangdoc dump`` found gone before it could dump it: identity, no stack."""
+    p = Process(source=ctx.path, source_line=lineno, format="hangdoc-exited")
+    reason = fields.pop("reason", "exited")
+    _apply_tag(p, fields)
+    p.status = STATUS_EXITED
+    p.status_detail = reason.replace("_", " ")
+    if p.role == ROLE_UNKNOWN:
+        p.role = ROLE_RANK
+    return p
+
+
 def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Callable[[_Channel], None],
-              tags: List[Tuple[_Channel, int, Dict[str, str]]], failures: List[Dict[str, object]], tag_start: str) -> None:
+              tags: List[Tuple[_Channel, int, Dict[str, str]]], failures: List[Dict[str, object]], tag_start: str,
+              exits: Optional[List[Tuple[_Channel, int, Dict[str, str]]]] = None) -> None:
     """One line of one channel: to its active parser, or the start of a block, a tag, or nothing."""
     parser = ch.parser
     if parser is not None:
@@ -305,6 +325,11 @@ def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Cal
             tags.append((ch, lineno, fields))
             ch.tag_line = lineno
         return
+    if text[:1] == "#" and exits is not None:
+        fields = parse_exited(text)
+        if fields is not None:
+            exits.append((ch, lineno, fields))
+            return
     if ch.tag_line and text.startswith("Error: "):
         # right after a tag line, any "Error: ..." is the dumper's (hangdoc dump writes the
         # reasons no dumper could read the process this way)
@@ -394,7 +419,7 @@ def _int(v: Optional[str]) -> Optional[int]:
         return None
 
 
-_STATUSES = {STATUS_OK, STATUS_TRUNCATED, "unresponsive", "stopped"}
+_STATUSES = {STATUS_OK, STATUS_TRUNCATED, "unresponsive", "stopped"}  # what a tag line may set
 _TAG_FIELDS = ("host", "pid", "rank", "local_rank", "ppid", "parent_rank", "world_size", "role", "status", "reason",
                "main_thread")
 
