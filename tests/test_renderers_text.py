@@ -134,3 +134,18 @@ def test_control_characters_in_names_are_shown_escaped(host, fn, file, thread, s
     for line in md.splitlines():
         if line.startswith("| ") and not line.startswith("| #"):
             assert len(re.findall(r"(?<!\\)\|", line)) == 5, line  # a value never adds a table column
+
+
+def test_children_of_a_rank_only_when_all_the_unranked_are():
+    """The header once said "2 without rank (children of rank 0)" when only the DataLoader worker
+    was rank 0's child and the other was a rank whose number was unknown."""
+    from hangdoc.analysis import analyse
+
+    def p(pid, **kw):
+        return Process(host="n1", pid=pid, threads=[Thread(str(pid), "MainThread", (Frame("main", "t.py", 1),), is_main=True)], **kw)
+
+    worker = dict(role="dataloader-worker", parent_rank=0)
+    mixed = render(analyse(Job(processes=[p(1, rank=0, role="rank"), p(2, role="rank"), p(3, **worker)])), "text")
+    assert "rank 0 and 2 without rank (1 of them a child of rank 0) on host n1" in mixed.splitlines()[0]
+    only = render(analyse(Job(processes=[p(1, rank=0, role="rank"), p(3, **worker), p(4, **worker)])), "text")
+    assert "rank 0 and 2 without rank (children of rank 0) on host n1" in only.splitlines()[0]

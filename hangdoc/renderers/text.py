@@ -71,7 +71,8 @@ class Sets:
     def __init__(self) -> None:
         self._cache: Dict[Tuple[int, ...], Tuple[str, str, int, int]] = {}
         self._raw: Dict[int, Tuple[List[int], set, int, List[int]]] = {}
-        self._parents: Dict[Tuple[int, ...], str] = {}
+        #: (compressed ranks that own unranked members, how many unranked members have one)
+        self._parents: Dict[Tuple[int, ...], Tuple[str, int]] = {}
         self._pids: Dict[int, List[int]] = {}
 
     def _members(self, g: Group) -> Tuple[List[int], set, int, List[int]]:
@@ -106,13 +107,20 @@ class Sets:
                 parents.extend(pr)
                 n += g.count
             hit = self._cache[key] = (shorten(compress_ranks(ranks)), shorten(compress_hosts(hosts)), unranked, n)
-            self._parents[key] = compress_ranks(parents)
+            self._parents[key] = (compress_ranks(parents), len(parents))
         return hit
 
     def who(self, groups: Sequence[Group], members: Optional[Sequence[Process]] = None) -> str:
         """``ranks 0-3,5 on hosts node[1-2]``, ``rank 4 on host node1 pid 42``, ``no rank, on hosts n[1-9]``."""
         ranks, hosts, unranked, n = self.of(groups)
-        parents = self._parents[tuple(sorted(id(g) for g in groups))]
+        parents, owned = self._parents[tuple(sorted(id(g) for g in groups))]
+        if parents:
+            # "children of rank 3" only when it is true of all of them
+            of = f"{'ranks' if ',' in parents or '-' in parents else 'rank'} {parents}"
+            if owned == unranked:
+                parents = f"{'a child' if owned == 1 else 'children'} of {of}"
+            else:
+                parents = f"{owned} of them {'a child' if owned == 1 else 'children'} of {of}"
         parts: List[str] = []
         if ranks:
             parts.append(("ranks " if ("," in ranks or "-" in ranks) else "rank ") + ranks)
@@ -125,12 +133,12 @@ class Sets:
             text = compress_ranks(pids)
             parts.append(("pids " if ("," in text or "-" in text) else "pid ") + text)
             if parents:
-                parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
+                parts[-1] += f" ({parents})"
         elif unranked:
             # the count is always printed just before: say only that there is no rank
             parts.append(f"and {unranked} without rank" if ranks else ("no rank," if hosts else "no rank"))
             if parents:
-                parts[-1] += f" (children of {'ranks' if ',' in parents or '-' in parents else 'rank'} {parents})"
+                parts[-1] += f" ({parents})"
         if hosts:
             parts.append(("on hosts " if ("," in hosts or "[" in hosts) else "on host ") + hosts)
         if members is not None and len(members) == 1 and members[0].pid is not None and members[0].rank is not None:
