@@ -14,6 +14,8 @@ path running slower next to it), work on other threads, or waiting (wall time be
         pass-through Python wrapper around it, the least any Python-level recorder must do around it
         (caller's frame, shape, dtype, device, current stream, autograd task, clock, one tuple into a
         ring), the recorder around it: each priced inside the NCCL loop, where caches are cold)
+    python benchmarks/nccl_loop_cpu.py --parts   (as --floor: the floor, the floor without each of
+        its parts, the clock and the append alone: which part costs what inside the loop)
     HANGDOC_BENCH_GLOO=1 python benchmarks/nccl_loop_cpu.py --rounds 3   (the plumbing, on CPU)
 """
 
@@ -28,22 +30,45 @@ import sys
 import time
 
 
-def floor_hook(noop):  # type: ignore[no-untyped-def]
+def floor_hook(noop, without=()):  # type: ignore[no-untyped-def]
     """The least a recorder at the Python level must do per call, around ``noop``: no group
-    lookup, no sequence number, no completion tracking, no error handling."""
+    lookup, no sequence number, no completion tracking, no error handling.
+
+    ``without`` leaves parts out (``--parts`` prices each): ``frame`` (the caller's code and
+    instruction), ``shape`` (shape and dtype), ``stream`` (is_cuda, device, current stream),
+    ``task`` (the autograd graph task id); ``all`` keeps only the clock and the append."""
     import torch
 
     getframe, clock, ring = sys._getframe, time.time, collections.deque(maxlen=100_000)
     cur = getattr(torch._C, "_cuda_getCurrentStream", None)
     task = torch._C._current_graph_task_id
+    if "all" in without:
+        def hook(tensor, op=None, group=None, async_op=False):
+            ring.append(clock())
+            return noop(tensor, op, group, async_op)
+        return hook
+    # one closure per variant, so that what is left out costs nothing (no flag tests per call)
+    frame = "frame" not in without
+    shape = "shape" not in without
+    stream = "stream" not in without
+    graph = "task" not in without
+    src = ["def hook(tensor, op=None, group=None, async_op=False):"]
+    if frame:
+        src.append("    f = getframe(1)")
+    if stream:
+        src.append("    s = cur(tensor.get_device()) if tensor.is_cuda else None")
+    fields = (["f.f_code", "f.f_lasti"] if frame else []) + (["tensor.shape", "tensor.dtype"] if shape else []) \
+        + (["s"] if stream else []) + (["task()"] if graph else []) + ["clock()"]
+    src.append(f"    ring.append(({', '.join(fields)},))")
+    src.append("    return noop(tensor, op, group, async_op)")
+    env = dict(getframe=getframe, cur=cur, task=task, ring=ring, clock=clock, noop=noop)
+    exec("\n".join(src), env)
+    return env["hook"]
 
-    def hook(tensor, op=None, group=None, async_op=False):
-        f = getframe(1)
-        stream = cur(tensor.get_device()) if tensor.is_cuda else None
-        ring.append((f.f_code, f.f_lasti, tensor.shape, tensor.dtype, stream, task(), clock()))
-        return noop(tensor, op, group, async_op)
 
-    return hook
+#: --parts: the floor, then the floor without one part each, then the clock and the append alone
+PARTS = {"floor": (), "-frame": ("frame",), "-shape": ("shape",), "-stream": ("stream",), "-task": ("task",),
+         "clock+append": ("all",)}
 
 
 def pass_through(noop):  # type: ignore[no-untyped-def]
@@ -53,7 +78,7 @@ def pass_through(noop):  # type: ignore[no-untyped-def]
     return wrapper
 
 
-def worker(calls: int, rounds: int, size: int, interleave: bool = False, floor: bool = False) -> None:
+def worker(calls: int, rounds: int, size: int, interleave: bool = False, floor: bool = False, parts: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
@@ -78,8 +103,8 @@ def worker(calls: int, rounds: int, size: int, interleave: bool = False, floor: 
     def noop(tensor, op=None, group=None, async_op=False):
         return None
 
-    modes = ("off", "pass", "floor", "on") if floor else ("off", "on")
-    interleave = interleave or floor
+    modes = ("off",) + tuple(PARTS) if parts else ("off", "pass", "floor", "on") if floor else ("off", "on")
+    interleave = interleave or floor or parts
     res = {m: [] for m in modes}
     for r in range(rounds):
         k = r % len(modes)  # rotate which runs first, and reverse every other round
@@ -93,8 +118,8 @@ def worker(calls: int, rounds: int, size: int, interleave: bool = False, floor: 
                 extra = recorder._wrap(noop, recorder._Spec("all_reduce", ["tensor", "op", "group", "async_op"]))
             elif mode == "pass":
                 extra = pass_through(noop)
-            elif mode == "floor":
-                extra = floor_hook(noop)
+            elif mode in PARTS:
+                extra = floor_hook(noop, PARTS[mode])
             dist.barrier()
             sync()
             w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
@@ -116,7 +141,10 @@ def worker(calls: int, rounds: int, size: int, interleave: bool = False, floor: 
             res[mode].append(((w1 - w0) / calls * 1e6, (c1 - c0) / calls * 1e6, (p1 - p0 - (c1 - c0)) / calls * 1e6,
                               inside / calls * 1e6))
     if local == 0:
-        print(("interleaved: the unwrapped all_reduce, then a no-op (off), a pass-through wrapper around it "
+        print(("interleaved: the unwrapped all_reduce, then a no-op (off), the floor around it, the floor without "
+               "one part (-frame, -shape: shape and dtype, -stream: is_cuda, device and current stream, -task), "
+               "the clock and the append alone; " if parts else
+               "interleaved: the unwrapped all_reduce, then a no-op (off), a pass-through wrapper around it "
                "(pass), the least a Python-level recorder does around it (floor), the recorder around it (on); "
                if floor else
                "interleaved: the unwrapped all_reduce, then the recorder around a no-op (on) or a no-op (off); "
@@ -147,14 +175,17 @@ def main() -> int:
                     help="unwrapped all_reduce, then the recorder around a no-op: which side slows down")
     ap.add_argument("--floor", action="store_true",
                     help="as --interleave, also pricing a pass-through wrapper and the least a Python-level recorder does")
+    ap.add_argument("--parts", action="store_true",
+                    help="as --floor, pricing the floor without each of its parts, and the clock and append alone")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks (GPUs); 1 prices the Python side next to a one-rank NCCL launch")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.calls, args.rounds, args.size, args.interleave, args.floor)
+        worker(args.calls, args.rounds, args.size, args.interleave, args.floor, args.parts)
         return 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc), "--master-port",
            str(29700 + os.getpid() % 200), os.path.abspath(__file__), "--worker", "--calls", str(args.calls),
-           "--rounds", str(args.rounds), "--size", str(args.size)] + (["--interleave"] if args.interleave else []) + (["--floor"] if args.floor else [])
+           "--rounds", str(args.rounds), "--size", str(args.size)] + (["--interleave"] if args.interleave else []) + (["--floor"] if args.floor else []) + (["--parts"] if args.parts else [])
     return subprocess.run(cmd, timeout=600).returncode
 
 
