@@ -304,4 +304,7 @@ def test_fake_hang(rank, shard):
     text = failure_text(result, "test_fake_hang")
     assert text.startswith("hang: rank 1 did not finish within 2 s (world size 2, fake backend); rank 0 finished")
     assert re.search(r"load_next_batch \(\S*test_fh.py:6\)", text)  # where rank 1 was
+    # the fake group completed rank 0's call at once; the aggregator must not call it an extra one
+    assert "rank 0 waits in all_reduce #1 (test_fh.py:13) for rank 1, which is behind" in text
+    assert "extra" not in text
     assert_no_orphans(pytester.path)

@@ -631,7 +631,8 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
         if ok:
             head += f"; {describe_ranks(ok)} finished"
         tbstyle = item.config.getoption("tbstyle", "auto")
-        hang_report = HangReport(head, _hang_text(run_dir, hang, ranks) if tbstyle not in ("no", "line") else "",
+        hang_report = HangReport(head, _hang_text(run_dir, hang, ranks, fake=spec.backend == "fake")
+                                 if tbstyle not in ("no", "line") else "",
                                  # a fake group never blocks: a hung rank is stuck in its own code
                                  stopped=hung if spec.backend == "fake" else ())
 
@@ -785,8 +786,12 @@ def _strip_runner(job) -> None:
                 t.frames = tuple(frames[cut + 1:])
 
 
-def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
-    """The aggregator's verdict on the hung ranks' stacks and every rank's records."""
+def _hang_text(run_dir: str, hang: Dict[str, Any], ranks, fake: bool = False) -> str:
+    """The aggregator's verdict on the hung ranks' stacks and every rank's records.
+
+    ``fake``: the fake backend completes every call at once, peers or not; a call counts as
+    completed only where every rank of its group issued it, later ones as issued (a rank that ran
+    ahead then waits for the hung one instead of issuing "extra" calls)."""
     paths = sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl")))
     raw: List[str] = []
     for r in hang["alive"]:
@@ -814,6 +819,15 @@ def _hang_text(run_dir: str, hang: Dict[str, Any], ranks) -> str:
         from hangdoc.renderers import render
 
         job = read_paths(paths)
+        if fake:
+            issued: Dict[str, Dict[int, int]] = {}
+            for rec in job.records:
+                per_rank = issued.setdefault(rec.group, {})
+                per_rank[rec.rank] = max(per_rank.get(rec.rank, 0), rec.seq + 1)
+            everyone = set(hang.get("pids", {})) | {rec.rank for rec in job.records}
+            for rec in job.records:
+                if rec.seq >= min(issued[rec.group].get(r, 0) for r in everyone):
+                    rec.state, rec.time_completed = "issued", None
         _strip_runner(job)
         report = analyse(job)
         return f"hangdoc verdict (stacks of {how}):\n" + render(report, "text").rstrip()
