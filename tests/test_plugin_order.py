@@ -180,3 +180,24 @@ def test_a_divergence_beyond_the_exception_is_raised_from_it():
         check_collective_order(step, 3)
     assert isinstance(info.value.__cause__, ValueError)  # shown first: "the direct cause of"
     assert "rank 1 issued all_reduce([3] float32)" in str(info.value)
+
+
+def test_each_in_process_rank_may_fill_the_recorder_on_its_own():
+    """The ranks run one after another in this process: each gets a recorder of its own, so two
+    ranks of 60,000 calls each (120,000 together, over one recorder's 100,000) are compared whole."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+
+    def many(rank):
+        for _ in range(60_000):
+            dist.all_reduce(t)
+        if rank == 1:
+            dist.broadcast(t, src=0)
+
+    with pytest.raises(CollectiveOrderError) as err:
+        check_collective_order(many, 2)
+    assert "broadcast" in str(err.value)
+    trace = check_collective_order(lambda rank: [dist.all_reduce(t) for _ in range(60_000)], 2)
+    assert [len(trace.records(r)) for r in (0, 1)] == [60_000, 60_000]

@@ -196,14 +196,13 @@ def run_in_process(call: Callable[[int], Any], world_size: int,
                            "disable it before running ranks in-process")
     records: Dict[int, List[CollectiveRecord]] = {}
     errors: Dict[int, BaseException] = {}
-    # One recorder for all ranks (enabling costs milliseconds; a rank costs less): each rank's
-    # records are the ones that appeared while it ran.
-    rec = recorder.enable()
-    seen = 0
+    # A recorder of its own for each rank (enabling costs milliseconds): each rank may issue up to
+    # the recorder's capacity, not all ranks together.
     try:
         for rank in range(world_size):
+            rec = recorder.enable()
             dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
-            _RANK_START[0] = seen
+            _RANK_START[0] = 0
             try:
                 with (deadline.rank(rank) if deadline is not None else contextlib.nullcontext()):
                     call(rank)
@@ -213,20 +212,21 @@ def run_in_process(call: Callable[[int], Any], world_size: int,
                 errors[rank] = e
             finally:
                 snapshot = rec.records() if rec is not None else []
+                capacity = rec.capacity if rec is not None else 0
                 if dist.is_initialized():
                     dist.destroy_process_group()
+                recorder.disable()
                 hung = deadline is not None and deadline.hung is not None
-                wrapped = rec is not None and len(snapshot) >= rec.capacity
+                wrapped = rec is not None and len(snapshot) >= capacity
                 if hung and wrapped:
                     # a loop of calls until the deadline: what it issued first is gone; keep the last
-                    deadline.hung.records_wrapped = len(snapshot) - seen
+                    deadline.hung.records_wrapped = len(snapshot)
                     snapshot = snapshot[-1000:]
-                    seen = 0
-                elif len(snapshot) < seen or wrapped:
-                    raise RuntimeError("more collective calls than the recorder holds; check fewer steps at a time")
+                elif wrapped:
+                    raise RuntimeError(f"rank {rank} issued more collective calls than the recorder holds "
+                                       f"({capacity:,}); check fewer steps at a time")
                 # The recorder names the rank it was in when asked; pin it to the rank that ran.
-                records[rank] = [r if r.rank == rank else dataclasses.replace(r, rank=rank) for r in snapshot[seen:]]
-                seen = len(snapshot)
+                records[rank] = [r if r.rank == rank else dataclasses.replace(r, rank=rank) for r in snapshot]
             if deadline is not None and deadline.hung is not None:
                 break
     finally:
