@@ -407,12 +407,39 @@ def signal_file(pid: int) -> Optional[tuple]:
     return None
 
 
+def _signal_unsafe(pid: int, signum: int) -> Optional[str]:
+    """Why sending ``signum`` to ``pid`` could hurt it, from the kernel's own view
+    (``/proc/PID/status``): not caught (the job put the default action back, which ends the process
+    for SIGUSR1), or ignored (faulthandler would never write). None when it is safe. (``SigBlk`` is
+    the main thread's alone: another thread takes a process-directed signal it blocks.)
+
+        >>> _signal_unsafe(os.getpid(), signal.SIGUSR2)  # no handler here: SIGUSR2 would kill us
+        'SIGUSR2 has no handler in the process (it would end it)'
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = {k: int(v, 16) for k, _, v in (line.partition(":") for line in f)
+                     if k in ("SigCgt", "SigIgn")}
+    except (OSError, ValueError):
+        return None  # no /proc view: as before, trust the signal file
+    bit = 1 << (signum - 1)
+    name = signal.Signals(signum).name
+    if "SigCgt" in masks and not masks["SigCgt"] & bit:
+        return f"{name} has no handler in the process (it would end it)"
+    if masks.get("SigIgn", 0) & bit:
+        return f"{name} is ignored in the process"
+    return None
+
+
 def signal_dump(pid: int, wait: float = SIGNAL_WAIT) -> Attempt:
     """Ask a hangdoc-wrapped process for its stacks with its watchdog signal (faulthandler, C level)."""
     found = signal_file(pid)
     if found is None:
         return Attempt(False, how="signal", reason="not hangdoc-wrapped")
     path, signum = found
+    refused = _signal_unsafe(pid, signum)
+    if refused:
+        return Attempt(False, how="signal", reason=f"signal: not sent, {refused}")
     try:
         before = os.path.getsize(path)
         os.kill(pid, signum)

@@ -26,6 +26,11 @@ TARGET = textwrap.dedent(
     def waiting_for_godot():
         threading.Event().wait()
 
+    if {save_restore!r}:
+        import signal
+        # the job sets a handler of its own and puts the old one back: the action is the default
+        # again (SIGUSR1 would end it), while the watchdog's signal file keeps its usual name
+        signal.signal(signal.SIGUSR1, signal.signal(signal.SIGUSR1, lambda *a: None))
     if {fork!r}:
         import os
         if os.fork() == 0:
@@ -40,8 +45,8 @@ TARGET = textwrap.dedent(
 def target(tmp_path):
     started = []
 
-    def start(wrapped=False, env=None, fork=False):
-        code = TARGET.format(root=ROOT, wrapped=wrapped, out=str(tmp_path / "out"), fork=fork)
+    def start(wrapped=False, env=None, fork=False, save_restore=False):
+        code = TARGET.format(root=ROOT, wrapped=wrapped, out=str(tmp_path / "out"), fork=fork, save_restore=save_restore)
         full_env = dict(os.environ, **(env or {}))
         p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, env=full_env)
         started.append(p)
@@ -98,6 +103,16 @@ def test_signal_fallback_reads_faulthandler_of_a_wrapped_process(target):
     assert fields["dumper"] == "signal"
     assert "waiting_for_godot" in body and "most recent call first" in body
     assert p.poll() is None  # the signal did not kill it
+
+
+def test_the_signal_is_not_sent_where_it_would_end_the_process(target):
+    """faulthandler's handler replaced and the default action put back (signal.signal twice): the
+    kernel's SigCgt says SIGUSR1 is no longer caught; sending it would kill the rank."""
+    p = target(wrapped=True, save_restore=True)
+    r = _dump("--pid", str(p.pid), "--py-spy", "/bin/false", "--no-gdb", "-o", "-")
+    assert "SIGUSR1 has no handler in the process (it would end it)" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    time.sleep(0.2)
+    assert p.poll() is None  # still alive
 
 
 def test_unresponsive_process_is_recorded_with_the_reason(target, tmp_path):
