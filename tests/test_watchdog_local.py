@@ -183,6 +183,57 @@ def test_the_job_s_own_handler_for_the_dump_signal_is_never_fired_by_hangdoc_dum
     assert ("set its own SIGUSR1 handler" in res.stderr) == (not before)
 
 
+def test_a_signal_file_whose_owner_lives_elsewhere_is_kept_and_a_removed_name_breaks_nothing(tmp_path):
+    """A watchdog in another pid namespace (a container sharing /tmp) sees no such pid: the owner's
+    lock keeps its file. And a watchdog whose file name was removed (a tmp cleaner) still reads
+    signal dumps and still dumps at a stall (it used to fail on the name at every tick, before the
+    stall check)."""
+    import fcntl
+    import tempfile
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    elsewhere = os.path.join(tempfile.gettempdir(), f"hangdoc-signal-{dead}-SIGUSR1-elsewhere.txt")
+    fd = os.open(elsewhere, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # as its (live) owner does
+    out = str(tmp_path / "out")
+    code = textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {ROOT!r})
+        import hangdoc
+        from hangdoc.runtime import watchdog
+        dog = watchdog.start(1.0, out_dir={out!r}, record=False, report=False)
+        for _ in range(3):  # progress: the watchdog is armed
+            hangdoc.step()
+            time.sleep(0.1)
+        print("kept", os.path.exists({elsewhere!r}), flush=True)
+        os.unlink(dog._sig_file.name)  # a tmp cleaner
+        def reason():
+            for _ in range(40):
+                time.sleep(0.1)
+                names = [n for n in os.listdir({out!r}) if n.startswith("stacks-")] if os.path.isdir({out!r}) else []
+                if names:
+                    line = open(os.path.join({out!r}, names[0])).readline()
+                    if "reason=" in line:
+                        return line.split("reason=")[1].split()[0]
+        os.kill(os.getpid(), signal.SIGUSR1)
+        print("dump", reason(), flush=True)
+        time.sleep(2.0)  # no progress: a stall dump after 1 s
+        print("dump", reason(), flush=True)
+        watchdog.stop()
+        print("done", flush=True)
+        """)
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+        os.unlink(elsewhere)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0] == "kept True" and lines[1] == "dump signal_SIGUSR1" and lines[-1] == "done", res.stdout
+    assert lines[2].startswith("dump no_progress_for"), res.stdout
+    assert "Error" not in res.stderr, res.stderr
+
+
 def test_signal_files_of_dead_processes_are_removed(tmp_path):
     import tempfile
 

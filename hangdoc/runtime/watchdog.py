@@ -32,6 +32,7 @@ starts it for you.
 from __future__ import annotations
 
 import faulthandler
+import fcntl
 import os
 import signal
 import sys
@@ -194,6 +195,12 @@ class Watchdog:
         self._sig_file = tempfile.NamedTemporaryFile(
             mode="w+b", prefix=f"{prefix}{os.getpid()}-{name}-", suffix=".txt", delete=False
         )
+        try:
+            # held as long as the file is open (forked children share it): the mark of a live
+            # owner, which _remove_stale_signal_files respects whatever pid namespace it runs in
+            fcntl.flock(self._sig_file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pass
         faulthandler.register(self.signum, file=self._sig_file, all_threads=True, chain=chain)
         self._sig_before = previous
         os.environ[SIGNAL_ENV] = name
@@ -258,8 +265,13 @@ class Watchdog:
                 self._stalled = False
                 _say("hangdoc watchdog: progress again after %.1fs; the stall is over" % (now - previous))
                 self._recovered()
-        self._check_signal_file()
-        self._check_displaced()
+        for step in (self._check_signal_file, self._check_displaced):
+            try:  # a signal-file problem must never keep the stall check below from running
+                step()
+            except Exception as e:
+                self._errors += 1
+                if self._errors <= 3:
+                    _say(f"hangdoc watchdog: {type(e).__name__}: {e}")
         if self.report and not self._stalled and not self._store_ready:
             from hangdoc.runtime import exchange
 
@@ -309,9 +321,9 @@ class Watchdog:
             if again == size:
                 break
             size = again
-        with open(f.name, "rb") as r:
-            r.seek(self._sig_offset)
-            text = r.read(size - self._sig_offset).decode("utf-8", "replace")
+        # through the open descriptor, not the name: a tmp cleaner (or another namespace's
+        # watchdog) may have removed the name, faulthandler still writes into the file
+        text = os.pread(f.fileno(), size - self._sig_offset, self._sig_offset).decode("utf-8", "replace")
         self._sig_offset = size
         self._write_dump(f"signal {_signal_name(self.signum)}", text)
 
@@ -366,13 +378,27 @@ def _remove_stale_signal_files(limit: int = 2000) -> None:
             continue
         try:
             os.kill(pid, 0)
+            continue  # alive here
         except ProcessLookupError:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            pass
         except OSError:
-            pass  # alive, another user's
+            continue  # alive, another user's
+        # No such pid in this pid namespace; it may still live in another (a container sharing
+        # /tmp): its owner holds a lock on the file while it is open.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: alive somewhere
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _after_fork_in_child() -> None:
