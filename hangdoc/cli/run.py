@@ -86,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             main()
         except KeyboardInterrupt as e:
-            # Ctrl-C: the traceback Python shows (where the script was), and the status of SIGINT
+            # Ctrl-C: the traceback Python shows (where the script was), then death by SIGINT
             e.with_traceback(_strip_wrapper_frames(e.__traceback__))
             sys.excepthook(type(e), e, e.__traceback__)
+            interrupted.append(True)
             raise SystemExit(130) from None
         except Exception as e:
             # Show the traceback as `python script.py` would: from the script's first frame on,
@@ -98,6 +99,36 @@ def run(args: argparse.Namespace) -> int:
             sys.excepthook(type(e), e, e.__traceback__)
             raise SystemExit(1) from None
 
+    interrupted: list = []
+    try:
+        _run_wrapped(wrap, main_with_clean_traceback, args, signal_name)
+    except SystemExit:
+        if interrupted:
+            _die_by_sigint()
+        raise
+    return 0
+
+
+def _die_by_sigint() -> None:
+    """End as Python ends on Ctrl-C: exit handlers run, then killed by SIGINT, so a shell loop or a
+    launcher sees the signal (an exit status of 130 does not stop `for ...; do hangdoc ...; done`)."""
+    import atexit
+    import signal
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        atexit._run_exitfuncs()
+    except Exception:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _run_wrapped(wrap, main_with_clean_traceback, args, signal_name) -> None:
     wrap(
         main_with_clean_traceback,
         prefix=args.prefix,
@@ -110,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
         dump_signal=signal_name,
         detect=(args.detect_policy or "warn") if (args.detect or args.detect_policy) else False,
     )()
-    return 0
 
 
 def _strip_wrapper_frames(tb):
