@@ -2,8 +2,10 @@
 
 It works at the file-descriptor level, so it covers ``print``, logging, warnings, tracebacks,
 faulthandler's crash reports and lines written by C extensions (NCCL, gloo, glog) straight to
-fd 1/2. Each of fd 1 and fd 2 is replaced by a pipe, drained by a small separate process (the
-*drainer*) that prefixes each line and writes it to the original descriptor.
+fd 1/2. fd 1 and fd 2 are replaced by pipes (ONE pipe for both where they go to the same file, so
+their lines keep the job's order), drained by a small separate process (the *drainer*) that prefixes
+each line and writes it to the original descriptor, under a lock per destination, never blocking on
+a write (a stalled reader of one destination holds up no other).
 
     >>> restore = prefix_output()          # doctest: +SKIP
     >>> print("hello")                     # doctest: +SKIP
@@ -24,8 +26,8 @@ the pipe when the job segfaults, aborts, calls ``os._exit`` or is killed (faulth
 first of all) would be lost, and a forked child that outlives the job would block on a full pipe.
 The drainer ignores SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 and runs until every writer (the
 job and any child that inherited fd 1/2) has closed its end; it is started once (``sys.executable -S``, ~10 ms) and needs
-no GIL of the job, so lines reach the console in the order the job wrote them, as far as two pipes
-allow. Where it cannot be started, a thread of the job does the same work (one warning).
+no GIL of the job. Where it cannot be started, or is killed, a thread of the job does the same work
+(one warning); the job keeps its own read ends, so no writer meets EPIPE while the job lives.
 
 Lines are kept whole: a segment is what ends in ``\\n`` or ``\\r``; the unfinished last segment is
 held until its end comes, or written as it is after ``idle_flush`` seconds without output (the
@@ -185,6 +187,17 @@ class Prefixer:
 
 
 # -- the drainer: runs in its own process (or, as a fallback, in a thread of the job) ---------------
+# A destination (terminal, log file, pipe to tee) whose reader stalls must stall nobody else: not the
+# other destination of this job, not another job on the node that writes elsewhere. So writes never
+# block (a pending buffer per destination, POLLOUT in the poll loop), the lock that keeps ranks'
+# lines whole is per destination, is never waited for long and never held across a blocking write.
+LOCK_WAIT = 0.25  # the most a drainer waits for another's lock on a destination, then writes without it
+LOCK_SKIP = 1.0  # after such a wait, the lock is not tried for this long (its holder may be stopped)
+LOCK_HOLD = 0.1  # the most a drainer keeps a destination's lock while a line is written only in part
+MAX_PENDING = 1 << 20  # a destination's backlog beyond which its pipes are left unread: the job's
+#                        writes block on the full pipe, as they would on the stalled destination itself
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -196,55 +209,135 @@ def _write_all(fd: int, data: bytes) -> None:
             waiter.poll(1000)
 
 
-class _NodeLock:
-    """printflock's node-wide flock, taken by the drainer process for each write."""
+def dest_lock_path(base: str, dev: int, ino: int) -> str:
+    """The lock of one destination: printflock's lock file name plus the destination's identity, so
+    ranks that share a terminal or a log file share a lock, and unrelated destinations never do."""
+    stem = base[:-5] if base.endswith(".lock") else base
+    return f"{stem}-{dev}-{ino}.lock"
 
-    def __init__(self, path: str) -> None:
-        self.fd = -1
-        if path:
+
+class _Dest:
+    """One original descriptor: the bytes waiting to go there, how to write them without blocking,
+    and its lock."""
+
+    __slots__ = ("out", "fd", "own_fd", "sock", "pending", "broken", "lock_fd", "locked", "lock_since",
+                 "wait_since", "skip_until", "at_line_end", "kind")
+
+    def __init__(self, out: int, lock_base: str) -> None:
+        import stat
+
+        self.out = out
+        self.fd = out  # what poll waits on for POLLOUT
+        self.own_fd = -1
+        self.sock = None
+        self.pending = bytearray()
+        self.broken = False
+        self.lock_fd = -1
+        self.locked = False
+        self.lock_since = self.wait_since = self.skip_until = 0.0
+        self.at_line_end = True
+        try:
+            st = os.fstat(out)
+        except OSError:
+            st = None
+        mode = st.st_mode if st is not None else stat.S_IFREG
+        if stat.S_ISREG(mode) or stat.S_ISBLK(mode):
+            self.kind = "file"  # never waits for a reader: plain writes
+        elif stat.S_ISSOCK(mode):
+            import socket
+
             try:
-                self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                self.sock = socket.socket(fileno=os.dup(out))
+                self.fd = self.sock.fileno()
+                self.kind = "sock"  # send(MSG_DONTWAIT): no flag of the shared socket is touched
+            except OSError:
+                self.kind = "poll"
+        else:
+            # A pipe or a terminal: an open file description of our own, non-blocking, so that the
+            # description shared with the job and other ranks keeps its flags.
+            try:
+                self.own_fd = os.open(f"/proc/self/fd/{out}",
+                                      os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+                self.fd = self.own_fd
+                self.kind = "own"
+            except OSError:  # no /proc, or a pipe without reader (its first write says EPIPE)
+                self.kind = "poll"
+        if lock_base and fcntl is not None and st is not None:
+            try:
+                self.lock_fd = os.open(dest_lock_path(lock_base, st.st_dev, st.st_ino),
+                                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError:
                 pass
 
-    def write(self, fd: int, data: bytes) -> None:
-        locked = False
-        if self.fd >= 0 and fcntl is not None:
+    def send(self, data: bytearray) -> int:
+        """Write what can be written now; raises OSError (BrokenPipeError: the reader is gone)."""
+        if self.kind == "own":
+            return os.write(self.own_fd, data)
+        if self.kind == "file":
+            return os.write(self.out, data)
+        if self.kind == "sock":
+            import socket
+
+            return self.sock.send(data, socket.MSG_DONTWAIT)
+        waiter = select.poll()  # poll: at least PIPE_BUF bytes fit once POLLOUT says so
+        waiter.register(self.out, select.POLLOUT)
+        if not waiter.poll(0):
+            return 0
+        return os.write(self.out, data[:4096])
+
+    def unlock(self) -> None:
+        if self.locked:
+            self.locked = False
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX)
-                locked = True
-            except OSError:  # no flock on this file system: whole writes without it
-                os.close(self.fd)
-                self.fd = -1
-        try:
-            _write_all(fd, data)
-        finally:
-            if locked:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.unlock()
+        for fd in (self.own_fd, self.lock_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if self.sock is not None:
+            self.sock.close()
 
 
 class _Pipe:
-    __slots__ = ("fd", "out", "prefixer", "last", "broken")
+    __slots__ = ("index", "fd", "dest", "prefixer", "last")
 
-    def __init__(self, fd: int, out: int, prefix: bytes) -> None:
+    def __init__(self, index: int, fd: int, dest: _Dest, prefix: bytes) -> None:
+        self.index = index  # the job's number for this pipe (control messages name it)
         self.fd = fd  # read end
-        self.out = out  # the original descriptor
+        self.dest = dest
         self.prefixer = Prefixer(prefix)
         self.last = 0.0  # when data last came
-        self.broken = False  # ``out`` refused a write: drop what comes, keep draining
 
 
 class _Drainer:
     """Reads the pipes, writes prefixed segments to the original descriptors, until every pipe is
-    at EOF. ``ctl`` (a socket) carries the job's flush request ``F``, answered ``D`` once all that
-    was in the pipes is written; its EOF means the job has gone or restored its descriptors."""
+    at EOF and everything read is written. ``ctl`` (a socket) carries the job's flush request ``F``,
+    answered ``D`` once all that was in the pipes is written, and ``E<index>\\n`` to the job when a
+    pipe's destination has no reader any more (EPIPE): the drainer closes its read end, the job its
+    own, so the job's writers meet EPIPE as they would without hangdoc. Its EOF means the job has
+    gone or restored its descriptors."""
 
-    def __init__(self, pipes: "list[tuple[int, int]]", prefix: bytes, idle_flush: float, ctl: int,
-                 write: "Callable[[int, bytes], None]") -> None:
-        self.pipes = {r: _Pipe(r, out, prefix) for r, out in pipes}
+    def __init__(self, pipes: "list[tuple[int, int, int]]", prefix: bytes, idle_flush: float, ctl: int,
+                 lock_base: str) -> None:
+        self.dests: "dict[int, _Dest]" = {}  # by original descriptor
+        self.pipes: "dict[int, _Pipe]" = {}  # by read end
+        for index, r, out in pipes:
+            dest = self.dests.get(out)
+            if dest is None:
+                dest = self.dests[out] = _Dest(out, lock_base)
+            self.pipes[r] = _Pipe(index, r, dest, prefix)
         self.idle_flush = idle_flush
         self.ctl = ctl
-        self.write = write
+        self.live: "dict[int, _Pipe]" = {}
+        self.flush_asked = False
+        self.masks: "dict[int, int]" = {}
 
     def run(self) -> None:
         try:
@@ -252,38 +345,40 @@ class _Drainer:
         except BaseException:
             self._raw()
         finally:
-            for fd in [p.fd for p in self.pipes.values()] + [p.out for p in self.pipes.values()] + [self.ctl]:
+            for fd in [p.fd for p in self.pipes.values()] + list(self.dests) + [self.ctl]:
                 try:
                     if fd >= 0:
                         os.close(fd)
                 except OSError:
                     pass
+            for d in self.dests.values():
+                d.close()
 
     def _loop(self) -> None:
-        poller = select.poll()
+        poller = self.poller = select.poll()
         for fd in self.pipes:
             os.set_blocking(fd, False)
-            poller.register(fd, select.POLLIN)
         if self.ctl >= 0:
             os.set_blocking(self.ctl, False)
             poller.register(self.ctl, select.POLLIN)
-        live = dict(self.pipes)
+        live = self.live = dict(self.pipes)
         woke = 0.0
-        while live:
-            events = poller.poll(self._timeout_ms(live))
+        while live or any(d.pending and not d.broken for d in self.dests.values()):
+            self._register()
+            events = poller.poll(self._timeout_ms())
             small = None
             for fd, _ in events:
                 if fd == self.ctl:
-                    self._control(poller)
+                    self._control()
                 elif fd in live:
                     got = self._pump(live[fd])
                     if got < 0:
-                        poller.unregister(fd)
-                        del live[fd]
+                        self._drop(live[fd])
                     elif 0 < got < COALESCE_BELOW:
                         small = live[fd] if small is None else False
-            self._flush_idle(live)
+            self._flush_idle()
             now = time.monotonic()
+            self._write_out(now)
             if small and now - woke < COALESCE_WITHIN and all(
                     p is small or now - p.last > QUIET for p in live.values()):
                 # Tiny writes in quick succession on one pipe alone (a progress bar redrawn in a
@@ -292,15 +387,40 @@ class _Drainer:
                 time.sleep(COALESCE_FOR)
             woke = now
 
-    def _timeout_ms(self, live: "dict[int, _Pipe]") -> "int | None":
-        due = [p.last + self.idle_flush for p in live.values() if p.prefixer.held]
+    def _register(self) -> None:
+        # Read a pipe unless its destination's backlog is full; wait for a destination to take
+        # more only while it has a backlog and is not waiting for its lock.
+        want: "dict[int, int]" = {}
+        for fd, p in self.live.items():
+            if len(p.dest.pending) < MAX_PENDING:
+                want[fd] = select.POLLIN
+        for d in self.dests.values():
+            if d.pending and not d.broken and d.kind != "file" and not (d.wait_since and not d.locked):
+                want[d.fd] = want.get(d.fd, 0) | select.POLLOUT
+        for fd in [fd for fd in self.masks if fd not in want]:
+            self.poller.unregister(fd)
+            del self.masks[fd]
+        for fd, mask in want.items():
+            if self.masks.get(fd) != mask:
+                self.poller.register(fd, mask)
+                self.masks[fd] = mask
+
+    def _timeout_ms(self) -> "int | None":
+        now = time.monotonic()
+        due = [p.last + self.idle_flush for p in self.live.values() if p.prefixer.held]
+        for d in self.dests.values():
+            if d.pending and not d.broken:
+                if d.kind == "file" or (d.wait_since and not d.locked):
+                    due.append(now + 0.002)  # retry the lock (or a write that was refused) soon
+                elif d.locked:
+                    due.append(d.lock_since + LOCK_HOLD)
         if not due:
             return None
-        return max(0, int((min(due) - time.monotonic()) * 1000) + 1)
+        return max(0, int((min(due) - now) * 1000) + 1)
 
-    def _flush_idle(self, live: "dict[int, _Pipe]") -> None:
+    def _flush_idle(self) -> None:
         now = time.monotonic()
-        for p in live.values():
+        for p in self.live.values():
             if p.prefixer.held and now - p.last >= self.idle_flush:
                 self._emit(p, p.prefixer.finish())
 
@@ -321,7 +441,13 @@ class _Drainer:
             self._emit(p, out)
         return len(data)
 
-    def _control(self, poller: "select.poll") -> None:
+    def _drop(self, p: _Pipe) -> None:
+        self.live.pop(p.fd, None)
+        if p.fd in self.masks:
+            self.poller.unregister(p.fd)
+            del self.masks[p.fd]
+
+    def _control(self) -> None:
         try:
             msg = os.read(self.ctl, 64)
         except (BlockingIOError, InterruptedError):
@@ -330,8 +456,8 @@ class _Drainer:
             msg = b""
         if b"F" in msg:
             # Everything the job wrote before asking is in the pipes now; take it all (bounded:
-            # children may write on without pause), and the held segments too.
-            for p in self.pipes.values():
+            # children may write on without pause), and the held segments too; answer once written.
+            for p in list(self.live.values()):
                 budget = 4 * PIPE_SIZE
                 while budget > 0:
                     try:
@@ -343,28 +469,92 @@ class _Drainer:
                     budget -= len(data)
                     self._emit(p, p.prefixer.feed(data))
                 self._emit(p, p.prefixer.finish())
-            try:
-                os.write(self.ctl, b"D")
-            except OSError:
-                pass
+            self.flush_asked = True
         if not msg:
-            poller.unregister(self.ctl)
+            self.poller.unregister(self.ctl)
             os.close(self.ctl)
             self.ctl = -1
-            for p in self.pipes.values():  # the job is gone: its last words need no idle wait
+            for p in self.live.values():  # the job is gone: its last words need no idle wait
                 self._emit(p, p.prefixer.finish())
 
     def _emit(self, p: _Pipe, data: bytes) -> None:
-        if data and not p.broken:
+        if data and not p.dest.broken:
+            p.dest.pending += data
+
+    def _write_out(self, now: float) -> None:
+        for d in self.dests.values():
+            if d.pending and not d.broken:
+                self._write(d, now)
+        if self.flush_asked and not any(d.pending and not d.broken for d in self.dests.values()):
+            self.flush_asked = False
+            self._tell(b"D")
+
+    def _write(self, d: _Dest, now: float) -> None:
+        if not d.locked and d.lock_fd >= 0 and now >= d.skip_until:
             try:
-                self.write(p.out, data)
+                fcntl.flock(d.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                d.locked, d.lock_since, d.wait_since = True, now, 0.0
+            except BlockingIOError:
+                if not d.wait_since:
+                    d.wait_since = now
+                if now - d.wait_since < LOCK_WAIT:
+                    return  # its holder never blocks while holding it: try again in a moment
+                d.skip_until = now + LOCK_SKIP  # held too long (a stopped process?): write without it
+            except OSError:  # no flock on this file system: whole writes without it
+                os.close(d.lock_fd)
+                d.lock_fd = -1
+        while d.pending:
+            try:
+                n = d.send(d.pending)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except BrokenPipeError:
+                self._broken(d, epipe=True)
+                return
+            except OSError:  # EIO (a hung-up terminal), ENOSPC: drop what comes, keep draining
+                self._broken(d, epipe=False)
+                return
+            if not n:
+                break
+            d.at_line_end = d.pending[n - 1] in (10, 13)
+            del d.pending[:n]
+        if not d.pending:
+            d.wait_since = 0.0
+        # Keep the lock while a line is written only in part (another rank's bytes would land in
+        # its middle), but never long: others wait for it at most LOCK_WAIT.
+        if d.locked and (not d.pending or d.at_line_end or now - d.lock_since >= LOCK_HOLD):
+            d.unlock()
+
+    def _broken(self, d: _Dest, epipe: bool) -> None:
+        d.broken = True
+        d.pending = bytearray()
+        d.unlock()
+        if not epipe:
+            return
+        # Nobody reads there any more: the pipes that go there get no reader either, so that the
+        # job's (and its children's) writes meet EPIPE as they would without hangdoc.
+        for p in list(self.live.values()):
+            if p.dest is d:
+                self._drop(p)
+                try:
+                    os.close(p.fd)
+                except OSError:
+                    pass
+                p.fd = -1
+                self._tell(b"E%d\n" % p.index)
+
+    def _tell(self, msg: bytes) -> None:
+        if self.ctl >= 0:
+            try:
+                os.write(self.ctl, msg)
             except OSError:
-                p.broken = True
+                pass
 
     def _raw(self) -> None:
         # Something unforeseen failed: pass the bytes on unprefixed, and never stop reading, so
         # that no writer blocks on a full pipe.
-        live = dict(self.pipes)
+        live = {fd: p for fd, p in self.live.items() if p.fd >= 0} if self.live else {
+            fd: p for fd, p in self.pipes.items() if p.fd >= 0}
         poller = select.poll()
         for fd in live:
             poller.register(fd, select.POLLIN)
@@ -391,7 +581,7 @@ class _Drainer:
                         pass
                     continue
                 try:
-                    _write_all(live[fd].out, data)
+                    _write_all(live[fd].dest.out, data)
                 except BaseException:
                     pass
 
@@ -406,7 +596,7 @@ _BOOT = ("import sys, importlib.machinery as m; p = sys.argv[1]; "
 
 
 def _drain_main(argv: "list[str]") -> None:
-    """The drainer process: ``ctl lock_path idle_flush prefix_hex read_fd:out_fd...``."""
+    """The drainer process: ``ctl lock_base idle_flush prefix_hex index:read_fd:out_fd...``."""
     try:
         import _signal as signal  # `signal` would import enum: ~3 ms
     except ImportError:
@@ -429,8 +619,8 @@ def _drain_main(argv: "list[str]") -> None:
     except OSError:
         pass
     ctl = int(argv[0])
-    pipes = [(int(r), int(o)) for r, o in (a.split(":") for a in argv[4:])]
-    drainer = _Drainer(pipes, bytes.fromhex(argv[3]), float(argv[2]), ctl, _NodeLock(argv[1]).write)
+    pipes = [(int(i), int(r), int(o)) for i, r, o in (a.split(":") for a in argv[4:])]
+    drainer = _Drainer(pipes, bytes.fromhex(argv[3]), float(argv[2]), ctl, argv[1])
     try:
         os.write(ctl, b"R")
     except OSError:
@@ -449,7 +639,7 @@ def _python_ok(exe: str) -> bool:
     return bool(exe) and name.startswith(("python", "pypy")) and os.access(exe, os.X_OK)
 
 
-def _spawn(pipes: "list[tuple[int, int]]", prefix: bytes, idle_flush: float, lock_path: str):
+def _spawn(pipes: "list[tuple[int, int, int]]", prefix: bytes, idle_flush: float, lock_base: str):
     """Start the drainer process; returns the job's end of the control socket once it is ready."""
     import socket
     import subprocess
@@ -462,11 +652,12 @@ def _spawn(pipes: "list[tuple[int, int]]", prefix: bytes, idle_flush: float, loc
         raise _NoDrainer(f"no file to start the drainer process from ({source!r})")
     ours, theirs = socket.socketpair()
     fd = theirs.fileno()
-    args = [exe, "-S", "-c", _BOOT, source, str(fd), lock_path, repr(idle_flush), prefix.hex()]
-    args += [f"{r}:{o}" for r, o in pipes]
+    args = [exe, "-S", "-c", _BOOT, source, str(fd), lock_base, repr(idle_flush), prefix.hex()]
+    args += [f"{i}:{r}:{o}" for i, r, o in pipes]
     try:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True,
-                                pass_fds=[fd] + [x for pair in pipes for x in pair], env=_drainer_env())
+                                pass_fds=sorted({fd, *(x for _, r, o in pipes for x in (r, o))}),
+                                env=_drainer_env())
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         ours.close()
         theirs.close()
@@ -503,6 +694,15 @@ def _drainer_env() -> "dict[str, str]":
 
 
 class _Session:
+    """The job's side: the pipes in place of fd 1/2, the saved originals, the control socket.
+
+    Where fd 1 and fd 2 go to the same file (a terminal, ``2>&1``, SLURM's output file), both get
+    the write end of ONE pipe, so the lines come out in exactly the order the job wrote them.
+    The job keeps its own read end of each pipe (close-on-exec, closed in forked children): no
+    writer meets EPIPE while the job lives, and if the drainer process dies, a thread of the job
+    drains the same pipes on, nothing in them lost.
+    """
+
     def __init__(self, prefix: bytes, fds: "list[int]", idle_flush: float, mode: str) -> None:
         import threading
 
@@ -510,16 +710,23 @@ class _Session:
 
         self.pid = os.getpid()
         self.fds = fds
+        self.prefix = prefix
+        self.idle_flush = idle_flush
         self.saved: "dict[int, int]" = {}
-        self.reads: "dict[int, int]" = {}
+        self.saved_ids: "dict[int, str]" = {}
+        self.pipe_of: "dict[int, int]" = {}  # fd -> pipe index
+        self.outs: "dict[int, int]" = {}  # pipe index -> the saved descriptor its lines go to
+        self.reads: "dict[int, int]" = {}  # pipe index -> this process's read end (while it owns it)
         self.writes: "dict[int, int]" = {}
         self.pipe_ids: "dict[int, str]" = {}
-        self.saved_ids: "dict[int, str]" = {}
+        self.thread_reads: "dict[int, str]" = {}  # read ends a drainer thread of this process owns
         self.restored = False
         self.sock = None
+        self.sock_id = ""
         self.flushed = threading.Event()
         self.watcher: "threading.Thread | None" = None
         self.line_buffering: "dict[int, bool]" = {}
+        self.lock_base = ""
         _flush_python_streams()
         try:
             for fd in fds:
@@ -532,8 +739,14 @@ class _Session:
                 _close(fd)
             raise
         for fd in fds:  # dup2 keeps fd inheritable, so child processes are prefixed too
-            os.dup2(self.writes[fd], fd)
-            os.close(self.writes[fd])
+            os.dup2(self.writes[self.pipe_of[fd]], fd)
+        for w in self.writes.values():
+            os.close(w)
+        self.writes.clear()
+        if hasattr(os, "register_at_fork"):
+            # A forked child must not keep the read ends: once this process and its drainer are
+            # gone, the child would block on a full pipe instead of meeting EPIPE.
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
         self.saved_env = os.environ.get(PREFIX_PIPES_ENV)
         pipes = [p for p in (self.saved_env or "").split(",") if p] + list(self.pipe_ids.values())
         os.environ[PREFIX_PIPES_ENV] = ",".join(pipes)
@@ -551,54 +764,95 @@ class _Session:
             _close(fd)
         self.reads.clear()
         self.writes.clear()
+        self.pipe_of.clear()
+        self.outs.clear()
+        self.pipe_ids.clear()
+        by_target: "dict[str, int]" = {}
         for fd in self.fds:
-            r, w = os.pipe()
-            self.reads[fd], self.writes[fd] = r, w
+            target = self.saved_ids[fd]
+            if target and target in by_target:  # the same file as an earlier fd: the same pipe
+                self.pipe_of[fd] = by_target[target]
+                continue
+            index = len(self.reads)
+            r, w = os.pipe()  # both close-on-exec
+            self.reads[index], self.writes[index] = r, w
             try:
                 fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
             except Exception:
                 pass
-            self.pipe_ids[fd] = _file_id(w)
+            self.pipe_ids[index] = _file_id(w)
+            self.pipe_of[fd] = by_target[target] = index
+            self.outs[index] = self.saved[fd]
 
     def _start_drainer(self, mode: str, prefix: bytes, idle_flush: float) -> str:
-        import socket
         import threading
         import warnings
 
         from hangdoc.runtime import printflock
 
+        self.lock_base = "" if printflock._disabled else printflock.lock_path()
         if mode == "process":
-            pipes = [(self.reads[fd], self.saved[fd]) for fd in self.fds]
-            lock = "" if printflock._disabled else printflock.lock_path()
+            pipes = [(i, r, self.outs[i]) for i, r in self.reads.items()]
             try:
-                self.sock = _spawn(pipes, prefix, idle_flush, lock)
+                self.sock = _spawn(pipes, prefix, idle_flush, self.lock_base)
             except _NoDrainer as e:
                 warnings.warn(f"hangdoc.prefix_output: {e}; prefixing in a thread of this process instead (output "
                               "still in the pipe when the process dies is lost)", RuntimeWarning, stacklevel=5)
                 # Fresh pipes: a drainer that starts after all must not read the thread's share.
                 self._make_pipes()
             else:
-                for fd in self.fds:
-                    os.close(self.reads.pop(fd))
+                self.sock_id = _file_id(self.sock.fileno())
                 self.watcher = threading.Thread(target=self._watch, name="hangdoc-prefix-watch", daemon=True)
                 self.watcher.start()
                 return "process"
-        self.sock, theirs = socket.socketpair()
-        pipes = [(self.reads[fd], os.dup(self.saved[fd])) for fd in self.fds]
-        drainer = _Drainer(pipes, prefix, idle_flush, theirs.detach(), _locked_write)
-        reads = [r for r, _ in pipes]
+        self._start_thread(dict(self.reads))
         self.reads.clear()  # the thread owns them now
-        if hasattr(os, "register_at_fork"):
-            # A forked child must not keep the read ends: once this process and its thread are
-            # gone, the child would block on a full pipe instead of meeting EPIPE.
-            os.register_at_fork(after_in_child=lambda: [_close(r) for r in reads] if _active is self else None)
-        threading.Thread(target=drainer.run, name="hangdoc-prefix", daemon=True).start()
         return "thread"
 
-    def _watch(self) -> None:
-        # The drainer process answers flush requests here; EOF means it is gone.
+    def _start_thread(self, reads: "dict[int, int]") -> None:
+        import socket
+        import threading
+
+        sock, theirs = socket.socketpair()
+        pipes = [(i, r, os.dup(self.outs[i])) for i, r in reads.items()]
+        drainer = _Drainer(pipes, self.prefix, self.idle_flush, theirs.detach(), self.lock_base)
+        self.thread_reads = {r: self.pipe_ids[i] for i, r in reads.items()}
+        self.sock, self.sock_id = sock, _file_id(sock.fileno())
+        threading.Thread(target=drainer.run, name="hangdoc-prefix", daemon=True).start()
+
+    def _after_fork_in_child(self) -> None:
+        if _active is not self:
+            return
+        for i, r in list(self.reads.items()):
+            if _file_id(r) == self.pipe_ids[i]:
+                _close(r)
+        for r, pid in self.thread_reads.items():
+            if _file_id(r) == pid:
+                _close(r)
+        self.reads, self.thread_reads = {}, {}
+
+    def _sock_ok(self) -> bool:
+        # The program may have closed the socket's descriptor (closerange) and opened a file of its
+        # own under the same number: then the number is not ours to use or close.
         sock = self.sock
-        while True:
+        if sock is None:
+            return False
+        try:
+            fd = sock.fileno()
+        except OSError:
+            return False
+        if fd >= 0 and _file_id(fd) == self.sock_id:
+            return True
+        if fd >= 0:
+            sock.detach()  # so that its finaliser does not close the program's descriptor
+        return False
+
+    def _watch(self) -> None:
+        # The drainer process answers flush requests here and says which pipe has lost its reader;
+        # EOF means it is gone.
+        sock = self.sock
+        carry = b""
+        while self._sock_ok():
             try:
                 msg = sock.recv(64)
             except InterruptedError:
@@ -609,36 +863,54 @@ class _Session:
                 break
             if b"D" in msg:
                 self.flushed.set()
+            carry += msg.replace(b"D", b"")
+            while b"\n" in carry:
+                line, carry = carry.split(b"\n", 1)
+                if line.startswith(b"E") and line[1:].isdigit():
+                    self._pipe_broken(int(line[1:]))
         self.flushed.set()
         if not self.restored:
-            self._drainer_gone()
+            self._take_over()
 
-    def _drainer_gone(self) -> None:
-        # Killed (SIGKILL) while the job runs: give the job its descriptors back before a write
-        # meets a pipe without a reader.
-        global _active
+    def _pipe_broken(self, index: int) -> None:
+        # The destination's reader is gone and the drainer has closed its read end: close ours,
+        # so that the job's next write meets EPIPE.
+        with _lock:
+            r = self.reads.pop(index, None)
+            if r is not None and _file_id(r) == self.pipe_ids[index]:
+                _close(r)
+
+    def _take_over(self) -> None:
+        # The drainer process is gone (SIGKILL) while the job runs: drain the same pipes in a thread
+        # of this process. What the drainer had read but not written is lost; nothing in the pipes.
         with _lock:
             if self.restored or os.getpid() != self.pid:
                 return
-            self.restored = True
-            if _active is self:
-                _active = None
-        moved = False
-        for fd, saved in self.saved.items():
-            if self._ours(fd) and self._saved_intact(fd):
-                try:
-                    os.dup2(saved, fd)
-                    moved = True
-                except OSError:
-                    pass
-        if moved:
-            try:
-                os.write(2, b"hangdoc.prefix_output: the drainer process is gone; output is no longer prefixed\n")
-            except OSError:
-                pass
+            reads = {i: r for i, r in self.reads.items()
+                     if _file_id(r) == self.pipe_ids[i] and _file_id(self.outs[i]) == self._out_id(i)}
+            for i, r in self.reads.items():
+                if i not in reads:
+                    _close(r) if _file_id(r) == self.pipe_ids[i] else None
+            self.reads = {}
+            if self._sock_ok():
+                self.sock.close()
+            self.sock = None
+            self.watcher = None
+            if not reads:
+                return
+            self._start_thread(reads)
+            self.mode = "thread"
+        try:
+            os.write(2, b"hangdoc.prefix_output: the drainer process is gone; prefixing in a thread of this process "
+                        b"now (output still in the pipe when the process dies is lost)\n")
+        except OSError:
+            pass
+
+    def _out_id(self, index: int) -> str:
+        return next(self.saved_ids[fd] for fd, i in self.pipe_of.items() if i == index)
 
     def _ours(self, fd: int) -> bool:
-        return _file_id(fd) == self.pipe_ids[fd]
+        return _file_id(fd) == self.pipe_ids[self.pipe_of[fd]]
 
     def _saved_intact(self, fd: int) -> bool:
         return _file_id(self.saved[fd]) == self.saved_ids[fd]
@@ -667,8 +939,16 @@ class _Session:
                 os.close(saved)
             except OSError:
                 pass
-        self._ask_flush(timeout)
-        self._close_ctl()
+        with _lock:
+            sock, watcher = self.sock, self.watcher
+        if sock is not None and self._sock_ok():
+            self._ask_flush(sock, watcher, timeout)
+            self._close_ctl(sock, watcher)
+        with _lock:
+            for i, r in self.reads.items():  # the drainer has what it needs; children still write to it
+                if _file_id(r) == self.pipe_ids[i]:
+                    _close(r)
+            self.reads = {}
         for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
             if fd in self.line_buffering and stream is not None:
                 try:
@@ -676,15 +956,15 @@ class _Session:
                 except (AttributeError, ValueError, OSError):
                     pass
 
-    def _ask_flush(self, timeout: float) -> None:
+    def _ask_flush(self, sock, watcher, timeout: float) -> None:
         # Children (DataLoader workers, a compile pool) may keep the pipes open, so EOF can be far
         # off: wait only until what this process wrote is forwarded, and never long.
         self.flushed.clear()
         try:
-            self.sock.sendall(b"F")
+            sock.sendall(b"F")
         except OSError:
             return
-        if self.watcher is not None:
+        if watcher is not None:
             self.flushed.wait(timeout)
             return
         deadline = time.monotonic() + timeout
@@ -692,24 +972,25 @@ class _Session:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            self.sock.settimeout(left)
+            sock.settimeout(left)
             try:
-                msg = self.sock.recv(64)
+                msg = sock.recv(64)
             except OSError:
                 return
             if not msg or b"D" in msg:
                 return
 
-    def _close_ctl(self) -> None:
+    def _close_ctl(self, sock, watcher) -> None:
         import socket
 
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the watcher; the drainer sees EOF
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the watcher; the drainer sees EOF
         except OSError:
             pass
-        if self.watcher is not None:
-            self.watcher.join(1.0)
-        self.sock.close()
+        if watcher is not None:
+            watcher.join(1.0)
+        if self._sock_ok():
+            sock.close()
 
 
 def _file_id(fd: int) -> str:
@@ -718,13 +999,6 @@ def _file_id(fd: int) -> str:
     except OSError:
         return ""
     return f"{st.st_dev}:{st.st_ino}"
-
-
-def _locked_write(fd: int, data: bytes) -> None:
-    from hangdoc.runtime.printflock import locked
-
-    with locked():  # other ranks' prefixers write to the same console
-        _write_all(fd, data)
 
 
 def _close(fd: int) -> None:
