@@ -35,6 +35,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from hangdoc.runtime.identity import _LOCAL_RANK_VARS, _RANK_VARS, _WORLD_VARS, _first_int, short_hostname
 from hangdoc.cmdline import PYTHON_NAME as _PYTHON_NAME
 from hangdoc.cmdline import launcher_name, program_of
+from hangdoc.proctree import stat as proc_stat
 from hangdoc.tags import format_exited, format_tag
 
 #: seconds py-spy / gdb may take on one process
@@ -112,22 +113,11 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _stat(pid: int) -> Tuple[str, int, int]:
-    """(state, ppid, start time) from /proc/PID/stat; OSError when it is gone."""
-    stat = _read(f"/proc/{pid}/stat").decode("utf-8", "replace")
-    # the command name in (...) may itself contain spaces and parentheses: fields start after the last ')'
-    rest = stat[stat.rfind(")") + 2:].split()
-    try:
-        return rest[0], int(rest[1]), int(rest[19])
-    except (IndexError, ValueError):
-        return (rest[0] if rest else "?"), 0, 0
-
-
 def gone(info: ProcessInfo) -> Optional[str]:
     """Why ``info``'s process is no longer there to be dumped (it exited; it is a zombie, exited and
     not yet reaped; its pid now names another process), or None while it lives."""
     try:
-        state, _, start = _stat(info.pid)
+        state, _, start = proc_stat(info.pid)
     except OSError:
         return "exited"
     if info.start and start and start != info.start:
@@ -141,7 +131,7 @@ def describe(pid: int) -> Optional[ProcessInfo]:
     """/proc facts about ``pid``; None when it is gone. Unreadable parts are left empty."""
     base = f"/proc/{pid}"
     try:
-        st = _stat(pid)
+        st = proc_stat(pid)
         st_uid = os.stat(base).st_uid
     except OSError:
         return None

@@ -18,7 +18,24 @@ from __future__ import annotations
 import os
 import signal
 import socket
-from typing import Dict, List
+from typing import Dict, List, Tuple
+
+
+def stat(pid: int) -> Tuple[str, int, int]:
+    """(state, ppid, start time in clock ticks after boot) from ``/proc/PID/stat``; OSError when
+    the process is gone.
+
+        >>> stat(os.getpid())[1] == os.getppid()
+        True
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read().decode("utf-8", "replace")
+    # the command name in (...) may itself hold spaces and parentheses: fields start after the last ')'
+    rest = raw[raw.rfind(")") + 2:].split()
+    try:
+        return rest[0], int(rest[1]), int(rest[19])
+    except (IndexError, ValueError):
+        return (rest[0] if rest else "?"), 0, 0
 
 
 def parent_map() -> Dict[int, List[int]]:
@@ -32,14 +49,10 @@ def parent_map() -> Dict[int, List[int]]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            # the command name may hold spaces and parentheses: the fields start after the last ')'
-            fields = stat[stat.rindex(b")") + 2:].split()
-            ppid = int(fields[1])
-        except (OSError, ValueError, IndexError):
+            state, ppid, _ = stat(int(entry))
+        except OSError:
             continue
-        if fields[0] == b"Z":  # a zombie has exited already: nothing to dump, wait for or kill
+        if state == "Z":  # a zombie has exited already: nothing to dump, wait for or kill
             continue
         children.setdefault(ppid, []).append(int(entry))
     return children
@@ -87,10 +100,8 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> List[int]:
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state != b"Z"
-    except (OSError, IndexError):
+        return stat(pid)[0] != "Z"
+    except OSError:
         return False
 
 

@@ -304,7 +304,7 @@ def _exited_process(ctx: FileContext, lineno: int, fields: Dict[str, str]) -> Pr
 
 def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Callable[[_Channel], None],
               tags: List[Tuple[_Channel, int, Dict[str, str]]], failures: List[Dict[str, object]], tag_start: str,
-              exits: Optional[List[Tuple[_Channel, int, Dict[str, str]]]] = None) -> None:
+              exits: List[Tuple[_Channel, int, Dict[str, str]]]) -> None:
     """One line of one channel: to its active parser, or the start of a block, a tag, or nothing."""
     parser = ch.parser
     if parser is not None:
@@ -325,7 +325,7 @@ def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Cal
             tags.append((ch, lineno, fields))
             ch.tag_line = lineno
         return
-    if text[:1] == "#" and exits is not None:
+    if text[:1] == "#":
         fields = parse_exited(text)
         if fields is not None:
             exits.append((ch, lineno, fields))
@@ -893,7 +893,8 @@ def _merge_duplicates(job: Job) -> None:
     for same in by_pid.values():
         if len(same) < 2:
             continue
-        keep = max(same, key=lambda p: (p.status == STATUS_OK, _frame_count(p), same.index(p)))  # ties: the last read
+        # the richest readable dump; of equals, the last read
+        _, keep = max(enumerate(same), key=lambda ip: (ip[1].status == STATUS_OK, _frame_count(ip[1]), ip[0]))
         keep.meta["snapshots"] = len(same)
         stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
         if len(stacks) > 1:
@@ -932,8 +933,9 @@ def _report_unused_map_entries(job: Job, rmap: Dict[str, int], used: Set[str]) -
     if not unused or not job.processes:
         return
     hosts_read = sorted({p.host for p in job.processes if p.host is not None})
+    short_read = {_short_host(h) for h in hosts_read}
     src = Source("rank map")
-    foreign = [k for k in unused if ":" in k and _short_host(k.rpartition(":")[0]) not in {_short_host(h) for h in hosts_read}]
+    foreign = [k for k in unused if ":" in k and _short_host(k.rpartition(":")[0]) not in short_read]
     if foreign:
         shown = ", ".join(sorted({k.rpartition(":")[0] for k in foreign})[:5])
         src.errors.append(ParseError(src.path, 0, f"{_entries(len(foreign))} name{'s a host' if len(foreign) == 1 else ' hosts'} no dump came from ({shown}); "

@@ -183,7 +183,6 @@ class Watchdog:
 
     def _register_signal(self) -> None:
         name = _signal_name(self.signum)
-        _remove_stale_signal_files()
         # Chain only to a real handler: faulthandler "chains" by restoring the previous action and
         # re-raising, which for SIG_DFL of SIGUSR1 would terminate the job.
         previous = signal.getsignal(self.signum)
@@ -239,6 +238,12 @@ class Watchdog:
         return (_beats, progress)
 
     def _run(self) -> None:
+        if self._sig_file is not None:
+            # here, not in start(): a crowded /tmp must not delay the job
+            try:
+                _remove_stale_signal_files()
+            except Exception:
+                pass
         while not self._stop.wait(self.poll):
             try:
                 self._tick()
@@ -364,12 +369,17 @@ class Watchdog:
 
 
 def _remove_stale_signal_files(limit: int = 2000) -> None:
-    """Signal files of processes that are gone (killed before ``stop``, which removes its own)."""
-    import glob
-
+    """Signal files of processes that are gone (killed before ``stop``, which removes its own);
+    at most ``limit`` of them looked at."""
+    paths = []
     try:
-        paths = glob.glob(os.path.join(tempfile.gettempdir(), SIGNAL_FILE_PREFIX + "*.txt"))[:limit]
-    except Exception:
+        with os.scandir(tempfile.gettempdir()) as entries:
+            for entry in entries:
+                if entry.name.startswith(SIGNAL_FILE_PREFIX) and entry.name.endswith(".txt"):
+                    paths.append(entry.path)
+                    if len(paths) >= limit:
+                        break
+    except OSError:
         return
     for path in paths:
         parts = os.path.basename(path)[len(SIGNAL_FILE_PREFIX):].split("-")
