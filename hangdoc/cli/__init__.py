@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import List, Optional
 
@@ -25,6 +26,23 @@ SUBCOMMANDS = {
 
 class UsageError(Exception):
     """A usage problem: printed as one line, exit status 2."""
+
+
+def write_stdout(text: str) -> None:
+    """A report or dump to stdout: characters the terminal cannot show replaced, a reader that
+    went away (``| head``) no error."""
+    try:
+        try:
+            sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show '←' still gets the report
+        except (AttributeError, ValueError):
+            pass
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `hangdoc aggregate ... | head`: the reader is gone, which is fine; keep Python from
+        # complaining about the flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def build_parser() -> argparse.ArgumentParser:

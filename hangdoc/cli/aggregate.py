@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from hangdoc.cli import UsageError
+from hangdoc.cli import UsageError, write_stdout
 
 FORMATS = ("text", "json", "markdown", "html", "dot", "svg")
 _BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html", ".dot": "dot", ".gv": "dot", ".svg": "svg", ".txt": "text"}
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot write {args.output}: {e.strerror or e}")
         return 0
-    _write_stdout(text)
+    write_stdout(text)
     return 0
 
 
@@ -414,18 +414,3 @@ def _is_tty(stream) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-def _write_stdout(text: str) -> None:
-    try:
-        try:
-            sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show '←' still gets the report
-        except (AttributeError, ValueError):
-            pass
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `hangdoc aggregate ... | head`: the reader is gone, which is fine; keep Python from
-        # complaining about the flush at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())

@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from hangdoc.cli import UsageError
+from hangdoc.cli import UsageError, write_stdout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,20 +87,15 @@ def run(args: argparse.Namespace) -> int:
     exited = sum(1 for line in lines if line.startswith(EXITED_PREFIX))
     notes = [f"{failed} unresponsive"] * bool(failed) + [f"{exited} exited while dumping, not dumped"] * bool(exited)
     if out is None:  # stdout: nothing else is printed (srun --output may send stderr to the same file)
-        _write_stdout(text)
+        write_stdout(text)
         return 1 if failed else 0
     try:
         write_atomic(out, text)
     except OSError as e:
         # the dump is taken (every rank was paused for it): a file system error must not lose it
         print(f"hangdoc dump: cannot write {out}: {e.strerror or e}; the stacks follow on stdout", file=sys.stderr)
-        _write_stdout(text)
+        write_stdout(text)
         return 3
     print(f"hangdoc dump: {len(procs)} process{'es' if len(procs) != 1 else ''} -> {os.path.abspath(out)}"
           + (f" ({', '.join(notes)})" if notes else ""), file=sys.stderr)
     return 1 if failed else 0
-
-
-def _write_stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
