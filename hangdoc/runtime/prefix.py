@@ -246,11 +246,15 @@ class _Dest:
         elif stat.S_ISSOCK(mode):
             import socket
 
+            dup = -1
             try:
-                self.sock = socket.socket(fileno=os.dup(out))
+                dup = os.dup(out)
+                self.sock = socket.socket(fileno=dup)
                 self.fd = self.sock.fileno()
                 self.kind = "sock"  # send(MSG_DONTWAIT): no flag of the shared socket is touched
             except OSError:
+                if dup >= 0 and self.sock is None:
+                    os.close(dup)
                 self.kind = "poll"
         else:
             # A pipe or a terminal: an open file description of our own, non-blocking, so that the
@@ -303,6 +307,13 @@ class _Dest:
                     pass
         if self.sock is not None:
             self.sock.close()
+
+
+def _awaits_lock(d: _Dest, now: float) -> bool:
+    # Waiting for another drainer's lock (retried every few ms), not for the destination to take
+    # more. Once the wait is given up (skip_until), the destination is polled like any other:
+    # retrying every few ms then would spin for as long as it is stalled.
+    return bool(d.wait_since) and not d.locked and now >= d.skip_until
 
 
 class _Pipe:
@@ -395,7 +406,7 @@ class _Drainer:
             if len(p.dest.pending) < MAX_PENDING:
                 want[fd] = select.POLLIN
         for d in self.dests.values():
-            if d.pending and not d.broken and d.kind != "file" and not (d.wait_since and not d.locked):
+            if d.pending and not d.broken and d.kind != "file" and not _awaits_lock(d, time.monotonic()):
                 want[d.fd] = want.get(d.fd, 0) | select.POLLOUT
         for fd in [fd for fd in self.masks if fd not in want]:
             self.poller.unregister(fd)
@@ -410,7 +421,7 @@ class _Drainer:
         due = [p.last + self.idle_flush for p in self.live.values() if p.prefixer.held]
         for d in self.dests.values():
             if d.pending and not d.broken:
-                if d.kind == "file" or (d.wait_since and not d.locked):
+                if d.kind == "file" or _awaits_lock(d, now):
                     due.append(now + 0.002)  # retry the lock (or a write that was refused) soon
                 elif d.locked:
                     due.append(d.lock_since + LOCK_HOLD)
