@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Iterator, List, Optional, Set, Tuple
 
 #: the signal that interrupts the main thread (hangdoc's watchdog uses SIGUSR1, pytest-timeout SIGALRM).
 SIGNAL = signal.SIGUSR2
@@ -250,17 +250,9 @@ def innermost(hang: Hang, path: Optional[str] = None) -> Optional[traceback.Fram
 
 
 def _children() -> List[int]:
-    """Direct children of this process: /proc/self/task/*/children, else a scan of /proc."""
-    found: List[int] = []
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/children") as f:
-                found += [int(p) for p in f.read().split()]
-        return found
-    except (OSError, ValueError):
-        from hangdoc.proctree import parent_map
+    from hangdoc.testing.procs import child_pids
 
-        return parent_map().get(os.getpid(), [])
+    return child_pids(os.getpid())
 
 
 def _cmdline(pid: int) -> str:
@@ -273,32 +265,14 @@ def _cmdline(pid: int) -> str:
 
 def _kill_new_processes(before: Set[int]) -> List[Tuple[int, str]]:
     """SIGKILL every process in the subtree of each child started after ``before`` was taken."""
-    from hangdoc.proctree import parent_map
+    from hangdoc.proctree import descendants, kill_tree
 
-    new = [p for p in _children() if p not in before]
-    if not new:
-        return []
-    children: Dict[int, List[int]] = parent_map()
-    order: List[int] = []
-    todo = list(new)
-    while todo:
-        pid = todo.pop(0)
-        if pid not in order:
-            order.append(pid)
-            todo += children.get(pid, [])
-    own_group = os.getpgrp()
     killed = []
-    for pid in order:
-        cmd = _cmdline(pid)
-        try:
-            group = os.getpgid(pid)
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+    for pid in _children():
+        if pid in before:
             continue
-        killed.append((pid, cmd))
-        if group not in (own_group, 0) and group == pid:  # it leads its own group: take the group too
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        tree = [pid] + descendants(pid)
+        named = [(p, _cmdline(p)) for p in tree]  # before they die: a zombie has no command line
+        kill_tree(pid)
+        killed += named
     return killed
