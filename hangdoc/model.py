@@ -37,6 +37,7 @@ STATUS_UNRESPONSIVE = "unresponsive"  #: the dumper could not read it (py-spy er
 STATUS_TRUNCATED = "truncated"  #: the dump of this process is cut off
 STATUS_STOPPED = "stopped"  #: the process is stopped (SIGSTOP, state T) or a zombie
 STATUS_EXITED = "exited"  #: gone before it could be dumped (``hangdoc dump``'s exited line): no stack
+STATUS_LOG = "log-only"  #: known only from what a console log said of it: no stack was taken
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,50 @@ class ParseError:
         return f"{self.source}:{self.line}: {self.message}"
 
 
+#: What a console log can say about a rank (``LogEvent.kind``); see docs/formats.md.
+EVENT_KINDS = (
+    "timeout",         # a collective timed out: group, seq, op, numel_in/out, timeout_ms
+    "watchdog-state",  # "last enqueued / last completed work" when the watchdog saw the failure
+    "exception",       # a Python exception a rank raised: exc (type: message), at (file:line)
+    "exit",            # a rank exited: exitcode and/or signal (elastic table, SIGABRT lines)
+    "mismatch",        # TORCH_DISTRIBUTED_DEBUG=DETAIL: collective fingerprints of two ranks differ
+    "barrier",         # monitoredBarrier: these ranks did not reach it
+    "peer-closed",     # gloo: connection closed/reset by a peer (its address)
+    "heartbeat",       # the heartbeat monitor: a dump signal, a stuck watchdog
+    "root-cause",      # torchrun's "Root Cause (first observed failure)" row
+)
+
+
+@dataclass
+class LogEvent:
+    """One thing a job's console said about one rank, with where it was said.
+
+    ``fields`` holds what the kind carries (``seq``, ``op``, ``numel_in``, ``exc``, ``exitcode``,
+    ``signal``, ``ranks``, ...); ``time`` is seconds within the year when the line says when
+    (a timestamp prefix, glog's ``E1206 18:44:12.71``), comparable within one job's logs.
+    """
+
+    kind: str
+    source: str = ""
+    line: int = 0
+    host: Optional[str] = None
+    rank: Optional[int] = None
+    pid: Optional[int] = None
+    time: Optional[float] = None
+    fields: Dict[str, Any] = field(default_factory=dict)
+    #: the log line itself, cut to 300 characters (for evidence)
+    text: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "source": self.source, "line": self.line, "host": self.host,
+                "rank": self.rank, "pid": self.pid, "time": self.time, "fields": dict(self.fields),
+                "text": self.text}
+
+
 @dataclass
 class Source:
     """One input file and what was read from it."""
@@ -217,6 +262,10 @@ class Source:
     records: int = 0
     formats: List[str] = field(default_factory=list)
     errors: List[ParseError] = field(default_factory=list)
+    #: log events read from it (:class:`LogEvent`)
+    events: int = 0
+    #: the file ends in the middle of a line or a block: what it says may be cut short
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,6 +326,8 @@ class Job:
     processes: List[Process] = field(default_factory=list)
     records: List[CollectiveRecord] = field(default_factory=list)
     sources: List[Source] = field(default_factory=list)
+    #: what the job's console logs said (timeouts, exceptions, exits, DETAIL mismatches)
+    events: List[LogEvent] = field(default_factory=list)
     #: the world size when some evidence says it (records, rank map, hangdoc dumps).
     world_size: Optional[int] = None
 

@@ -45,7 +45,7 @@ def test_random_bytes_without_nul(tmp_path):
     job = read_paths([write(tmp_path, "noise.out", data)])
     assert job.processes == []
     assert [e.message for e in job.errors][0].startswith("bytes that are not UTF-8")
-    assert job.errors[-1].message == "no stack dump found"
+    assert job.errors[-1].message == "no stack dump or log event found"
 
 
 def test_truncated_file_keeps_what_is_there(tmp_path):
@@ -212,7 +212,7 @@ def test_directory_walk_skips_reports_logs_and_traces(tmp_path):
     assert job.errors == [] and len(job.processes) == 4
     # named on the command line, the same log is read and its emptiness reported
     job = read_paths([str(tmp_path / "train.log")])
-    assert [e.message for e in job.errors] == ["no stack dump found"]
+    assert [e.message for e in job.errors] == ["no stack dump or log event found"]
 
 
 def test_directory_walk_reports_empty_and_garbage_dump_files(tmp_path):
@@ -226,8 +226,8 @@ def test_directory_walk_reports_empty_and_garbage_dump_files(tmp_path):
     (tmp_path / "notes.txt").write_text("hello\n")
     job = read_paths([str(tmp_path)])
     errs = {os.path.basename(e.source): e.message for e in job.errors}
-    assert errs == {"trace-node2.out": "empty file", "trace-node3.out": "binary file, not a stack dump; skipped",
-                    "stacks-node4-r3-77.txt": "no stack dump found",
+    assert errs == {"trace-node2.out": "empty file", "trace-node3.out": "binary file, not a stack dump or a log; skipped",
+                    "stacks-node4-r3-77.txt": "no stack dump or log event found",
                     "nccl_trace_rank_1": errs.get("nccl_trace_rank_1")}
     assert errs["nccl_trace_rank_1"].startswith("not a Flight Recorder")
     assert len(job.processes) == 4

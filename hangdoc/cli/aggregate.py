@@ -268,6 +268,7 @@ class ParallelRead:
                     job.processes.extend(more.processes)
                     job.sources.extend(more.sources)
                     job.records.extend(more.records)
+                    job.events.extend(more.events)
             self.helpers = []
         finally:
             for pid, r, _ in self.helpers:  # interrupted: leave no helper behind
@@ -309,17 +310,19 @@ def _encode(job) -> bytes:
     for p in job.processes:
         row = fields_of(p)
         procs.append(row[:ti] + (tuple((t.ident, t.name, stack(t.frames), t.state, t.is_main) for t in p.threads),) + row[ti + 1:])
-    sources = [(s.path, s.processes, s.records, list(s.formats), [(e.source, e.line, e.message) for e in s.errors]) for s in job.sources]
+    sources = [(s.path, s.processes, s.records, list(s.formats), [(e.source, e.line, e.message) for e in s.errors],
+                s.events, s.truncated) for s in job.sources]
     records = [r.to_json() for r in job.records]
-    return marshal.dumps((tuple(names), table, procs, sources, records))
+    events = [e.to_json() for e in job.events]
+    return marshal.dumps((tuple(names), table, procs, sources, records, events))
 
 
 def _decode(data: bytes, job, stacks: Dict[tuple, tuple]) -> None:
     import marshal
 
-    from hangdoc.model import CollectiveRecord, Frame, ParseError, Process, Source, Thread
+    from hangdoc.model import CollectiveRecord, Frame, LogEvent, ParseError, Process, Source, Thread
 
-    names, table, procs, sources, records = marshal.loads(data)
+    names, table, procs, sources, records, events = marshal.loads(data)
     if list(names) != _process_fields():
         raise ValueError("helper and parent disagree on the model")
     frames = []
@@ -335,8 +338,10 @@ def _decode(data: bytes, job, stacks: Dict[tuple, tuple]) -> None:
         row[ti] = [Thread(i, n, frames[k], s, m) for i, n, k, s, m in row[ti]]
         out.append(Process(*row))
     job.processes.extend(out)
-    job.sources.extend(Source(path, n, r, list(fm), [ParseError(*e) for e in errs]) for path, n, r, fm, errs in sources)
+    job.sources.extend(Source(path, n, r, list(fm), [ParseError(*e) for e in errs], events=ne, truncated=cut)
+                       for path, n, r, fm, errs, ne, cut in sources)
     job.records.extend(CollectiveRecord.from_json(d) for d in records)
+    job.events.extend(LogEvent(**d) for d in events)
 
 
 def _read_all(fd: int) -> bytes:

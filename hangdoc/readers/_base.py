@@ -159,8 +159,12 @@ def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optiona
 CHUNK = 1 << 22
 
 
-def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> Iterator[Tuple[int, List[str]]]:
+def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None,
+           skip: Optional[Callable[[bytes], bool]] = None) -> Iterator[Tuple[int, List[str]]]:
     """``(number of the first line, lines)`` of a file, decoded a few megabytes at a time.
+
+    ``skip(block)``, when given, is asked about every block of whole lines but the first: a block
+    it says True for is counted (its lines keep their numbers) and never decoded.
 
     The lines have no newline. Bytes that are not UTF-8 are replaced (U+FFFD) and reported once per
     file, with the first line they occur on; NUL bytes are dropped; lines longer than
@@ -199,6 +203,9 @@ def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> I
                     rest = b""
                 continue
             block, rest = data[:cut], data[cut + 1:]
+            if skip is not None and n > 1 and skip(block):
+                n += block.count(b"\n") + 1
+                continue
             out = _decode(ctx, state, n, block)
             if len(block) > MAX_LINE and max(map(len, out)) > MAX_LINE:
                 out = _cut_lines(ctx, state, n, out)

@@ -47,6 +47,11 @@ def starts(line: str) -> bool:
     return line.startswith(HEADER)
 
 
+def starts_fragment(line: str) -> bool:
+    """A frame line with no header before it: a traceback pasted from its middle."""
+    return line.startswith('  File "') and _FRAME_RE.match(line) is not None
+
+
 def parse_frame_line(text: str) -> Optional[Frame]:
     m = _FRAME_RE.match(text)
     if not m:
@@ -57,12 +62,13 @@ def parse_frame_line(text: str) -> Optional[Frame]:
 class TracebackParser(BlockParser):
     format = FORMAT
 
-    def __init__(self, ctx: FileContext, lineno: int) -> None:
+    def __init__(self, ctx: FileContext, lineno: int, fragment: bool = False) -> None:
         super().__init__(ctx, lineno)
         self.raw: List[str] = []
         self.exceptions: List[str] = []
-        self.state = "header"  # header → frames → done (→ chain → header ...)
+        self.state = "frames" if fragment else "header"  # header → frames → done (→ chain → header ...)
         self.chained = False
+        self.fragment = fragment
 
     def feed(self, lineno: int, line: str) -> bool:
         if self.state == "header":
@@ -97,10 +103,12 @@ class TracebackParser(BlockParser):
         frames = self.stack_of(raw, parse_frame_line, False, self.start)
         p = Process(format=FORMAT, source_line=self.start)
         p.threads = [Thread(ident="", name="MainThread", frames=frames, is_main=True)]
+        if self.fragment:
+            p.meta["fragment"] = True
         if self.exceptions:
             p.meta["exception"] = self.exceptions[0]
             if len(self.exceptions) > 1:
                 p.meta["exceptions"] = list(self.exceptions)
-        if self.state == "frames":
+        if self.state == "frames" and not self.fragment:
             self.ctx.error(self.start, "traceback cut off (no exception line)")
         return [p]

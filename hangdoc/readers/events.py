@@ -1,0 +1,96 @@
+"""Log events joined with the rest of the job: one event once, one rank one process.
+
+A console log is often given twice (torchrun ``--tee`` writes the same lines into the console and
+into ``--log-dir``), and one timeout is printed several times by one rank (the watchdog's line,
+the exception's message, the traceback that carries it): :func:`join_events` keeps each event
+once. It then fills identity the lines did not carry (a pid that a stack dump of the same rank
+knows, a rank that a pid names) and makes every rank that only a log speaks of a process of the
+job (status ``log-only``, no stack), so that reports and JSON count it.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from hangdoc.model import ROLE_RANK, ROLE_WORKER, STATUS_LOG, Job, LogEvent, Process
+
+__all__ = ["join_events", "event_key"]
+
+
+def event_key(e: LogEvent) -> Tuple[object, ...]:
+    """What makes two events the same event (where and how it was printed does not)."""
+    f = e.fields
+    if e.kind == "timeout":
+        what: Tuple[object, ...] = (f.get("group"), f.get("seq"), f.get("op"))
+    elif e.kind == "watchdog-state":
+        what = (f.get("group"), f.get("failed"), f.get("last_enqueued"), f.get("last_completed"))
+    elif e.kind == "exception":
+        what = (f.get("exc"), f.get("at"))
+    elif e.kind == "exit":
+        what = (f.get("exitcode"), f.get("signal"))
+    else:
+        what = tuple(sorted((k, str(v)) for k, v in f.items()))
+    return (e.kind, e.host, e.rank if e.rank is not None else e.pid) + what
+
+
+def join_events(job: Job) -> None:
+    if not job.events:
+        return
+    _dedupe(job)
+    ranked: Dict[Tuple[Optional[str], int], Process] = {}
+    by_pid: Dict[Tuple[Optional[str], int], Process] = {}
+    one_host = len({p.host for p in job.processes if p.host is not None}) <= 1
+    for p in job.processes:
+        if p.role == ROLE_WORKER:
+            continue
+        if p.rank is not None:
+            ranked.setdefault((p.host, p.rank), p)
+            ranked.setdefault((None, p.rank), p)
+        if p.pid is not None:
+            by_pid.setdefault((p.host, p.pid), p)
+            by_pid.setdefault((None, p.pid), p)
+    for e in job.events:
+        if e.rank is None and e.pid is not None:
+            p = by_pid.get((e.host, e.pid)) or (by_pid.get((None, e.pid)) if one_host or e.host is None else None)
+            if p is not None and p.rank is not None:
+                e.rank = p.rank
+                e.host = e.host or p.host
+        if e.rank is not None:
+            p = ranked.get((e.host, e.rank)) or ranked.get((None, e.rank))
+            if p is not None:
+                if e.pid is None:
+                    e.pid = p.pid
+                if e.host is None:
+                    e.host = p.host
+                if p.pid is None and e.pid is not None:
+                    p.pid = e.pid
+    # ranks that only the logs know of
+    known = {p.rank for p in job.processes if p.rank is not None and p.role != ROLE_WORKER}
+    first: Dict[int, LogEvent] = {}
+    for e in job.events:
+        if e.rank is not None and e.rank not in known and e.rank not in first:
+            first[e.rank] = e
+    for rank, e in sorted(first.items()):
+        hosts = {x.host for x in job.events if x.rank == rank and x.host is not None}
+        pids = {x.pid for x in job.events if x.rank == rank and x.pid is not None}
+        job.processes.append(Process(
+            host=next(iter(hosts)) if len(hosts) == 1 else None,
+            pid=next(iter(pids)) if len(pids) == 1 else None,
+            rank=rank, role=ROLE_RANK, status=STATUS_LOG, status_detail="seen only in a log",
+            source=e.source, source_line=e.line, format="log",
+            meta={"rank_from": "log"},
+        ))
+
+
+def _dedupe(job: Job) -> None:
+    seen: Dict[Tuple[object, ...], LogEvent] = {}
+    out: List[LogEvent] = []
+    for e in job.events:
+        k = event_key(e)
+        kept = seen.get(k)
+        if kept is None:
+            seen[k] = e
+            out.append(e)
+        elif kept.time is None and e.time is not None:
+            kept.time = e.time
+    job.events[:] = out

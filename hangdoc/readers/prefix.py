@@ -1,0 +1,247 @@
+"""Line prefixes: what launchers put in front of every line, peeled off before any format sees it.
+
+A console log rarely holds a program's lines as printed. torchrun ``--tee`` writes ``[default3]:``,
+torch itself ``[rank3]: ``, hangdoc ``[node7:3] ``, torchrun's ``--log-line-prefix-template``
+``[vm:0]:``, ``srun --label`` ``12: ``, pdsh/clush and DeepSpeed's runner ``node7: ``/``worker-3: ``,
+mpirun ``--tag-output`` ``[1,0]<stderr>:``, ``kubectl logs --prefix`` ``[pod/trainer-0/main] ``;
+and around any of them a timestamp, a ``[12345] `` pid, a ``> `` of a quoted paste, ANSI colour
+codes, or a progress bar that ended in ``\\r`` without a newline. They stack
+(``node7: [default1]:[rank1]: Traceback ...``).
+
+:class:`Peeler` takes them off one layer at a time, outermost first, and says who wrote the line:
+``(host, rank, local_rank)`` of the innermost layer that names each (srun's task id is the rank
+only when no inner layer names one). Lines with the same identity form a *channel*, so the
+interleaved lines of many ranks come apart. A label that only this file uses (``gpu-node-12: ``) is
+learnt from the file's first lines: a ``label: `` in front of many lines, whose labels vary and end
+in a number, is a prefix there.
+
+Every pattern is anchored and linear (no nested or unbounded lazy repetition), and each line is
+peeled at most :data:`MAX_LAYERS` times.
+
+    >>> p = Peeler()
+    >>> p.learn(["node7: [default1]:[rank1]: a", "node8: [default0]:[rank2]: b"])
+    >>> p.peel("node7: [default1]:[rank1]: Traceback (most recent call last):")
+    (('node7', 1, 1), 'Traceback (most recent call last):')
+    >>> p.peel("\\x1b[31m2024-05-01T10:00:00.123Z [rank0]: hello\\x1b[0m")
+    ((None, 0, None), 'hello')
+    >>> p.peel("Epoch 0:  6%|##   | 32/500\\r[rank0]: Watchdog caught collective operation timeout")
+    ((None, 0, None), 'Watchdog caught collective operation timeout')
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
+
+#: (host, rank, local_rank) of a line's writer; all None for a line without identity
+Identity = Tuple[Optional[str], Optional[int], Optional[int]]
+NO_IDENTITY: Identity = (None, None, None)
+
+#: layers peeled off one line at most (a deeper stack of prefixes is left as text)
+MAX_LAYERS = 8
+#: lines of a file's head that :meth:`Peeler.learn` looks at
+LEARN_LINES = 4000
+#: a number in a prefix larger than this is no rank (a pid, a year): identity is left unset
+MAX_RANK = 1 << 22
+
+_ANSI_RE = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+# torch "[rank3]:", torchrun --tee "[default3]:" / "[trainer3]:", "[3]:"
+_BRACKET_RANK_RE = re.compile(r"\[([A-Za-z_][A-Za-z0-9_\-]{0,63}?)?(\d{1,9})\]:")
+# torchrun's template "[vm:0]:" and hangdoc's own "[node7:3] "
+_HOST_RANK_RE = re.compile(r"\[([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}):(\d{1,9})\](:| )")
+# mpirun --tag-output "[1,0]<stderr>:"
+_MPI_RE = re.compile(r"\[(\d{1,9}),(\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?")
+# kubectl logs --prefix "[pod/trainer-0/main] "
+_KUBECTL_RE = re.compile(r"\[pod/([A-Za-z0-9][A-Za-z0-9_.\-]{0,252})/[A-Za-z0-9_.\-]{1,253}\] ")
+# a timestamp: ISO 8601 / RFC 3339 (kubectl --timestamps), optionally bracketed, or a bare clock
+_TIME_RE = re.compile(
+    r"\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?\]?(?: \| |:? )"
+    r"|\[?\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?\]? ")
+# "[12345] " in front of a line (a pid, a paste tool's line number): no identity
+_PID_RE = re.compile(r"\[\d{1,9}\] ")
+# "> " of a quoted paste (">> " for a quote in a quote)
+_QUOTE_RE = re.compile(r">{1,4} ?")
+# a candidate learnt label: "12: ", "node7: ", "worker-3: ", "gpu-node-12.cluster: "
+_LABEL_RE = re.compile(r" {0,8}([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}): ")
+_TRAILING_DIGITS_RE = re.compile(r"\d{1,9}$")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves, OSC titles)."""
+    return _ANSI_RE.sub("", text) if "\x1b" in text else text
+
+
+def _rank(num: str) -> Optional[int]:
+    n = int(num)  # at most 9 digits: every pattern bounds its numbers
+    return n if n < MAX_RANK else None
+
+
+def _stem(label: str) -> Optional[str]:
+    """The part of a label before its trailing number; None when it does not end in one."""
+    m = _TRAILING_DIGITS_RE.search(label)
+    return label[:m.start()] if m else None
+
+
+class Peeler:
+    """Peels launcher prefixes off lines; :meth:`learn` adds the labels one file uses."""
+
+    __slots__ = ("stems", "_learnt")
+
+    def __init__(self) -> None:
+        #: stems of learnt ``label: `` prefixes ("" for srun's bare task ids)
+        self.stems: set = set()
+        self._learnt = False
+
+    def learn(self, lines: Iterable[str]) -> None:
+        """Learn the ``label: `` prefixes of a file from its first lines.
+
+        A stem (a label less its trailing number) is a prefix of this file when its labels start at
+        least a fifth of the lines and either vary (``node1``, ``node2``), each starting three lines
+        or more, or start most lines.
+
+        >>> p = Peeler()
+        >>> p.learn(["0: hello", "1: hello", "0: a", "1: b", "0: c", "1: d", "0: Traceback (most recent call last):"])
+        >>> p.peel("1:   File \\"t.py\\", line 3, in main")
+        ((None, 1, None), '  File "t.py", line 3, in main')
+        >>> p = Peeler()
+        >>> p.learn(["loss: 0.3", "loss: 0.2"])   # no number at the end: never a prefix
+        >>> p.stems
+        set()
+        """
+        self._learnt = True
+        counts: Dict[str, int] = {}
+        labels: Dict[str, set] = {}
+        total = 0
+        for i, raw in enumerate(lines):
+            if i >= LEARN_LINES:
+                break
+            line = raw
+            # learn behind the prefixes every file may have (a timestamp, ANSI, torch's own)
+            _, line = self._peel_known(strip_ansi(line))
+            if not line.strip():
+                continue
+            total += 1
+            m = _LABEL_RE.match(line)
+            if m is None:
+                continue
+            stem = _stem(m.group(1))
+            if stem is None:
+                continue
+            counts[stem] = counts.get(stem, 0) + 1
+            labels.setdefault(stem, set()).add(m.group(1))
+        for stem, n in counts.items():
+            distinct = len(labels[stem])
+            # numbered lines that each occur once (a Rust backtrace's "  0: ", a list) are no
+            # prefix: a launcher labels many lines with each label
+            if n * 5 >= total and n >= 2 and ((distinct > 1 and n >= 3 * distinct) or n * 2 >= total):
+                self.stems.add(stem)
+
+    def _peel_known(self, line: str) -> Tuple[List[Tuple[str, str]], str]:
+        """Peel the prefixes every file may carry: ``[(kind, value)]`` outermost first, and the text."""
+        found: List[Tuple[str, str]] = []
+        for _ in range(MAX_LAYERS):
+            if not line:
+                break
+            c = line[0]
+            if c == "[":
+                m = _BRACKET_RANK_RE.match(line)
+                if m and line[m.end():].strip():  # "[1]:" alone is an entry of torchrun's failure table
+                    name = m.group(1) or ""
+                    found.append(("rank" if name in ("rank", "") else "local", m.group(2)))
+                    line = line[m.end():]
+                    # torchrun's --tee adds no space, torch's own "[rank0]: " one: indentation in
+                    # dumps is even (2, 4, 8 spaces), so an odd run of spaces holds the prefix's own
+                    n = len(line) - len(line.lstrip(" "))
+                    if n % 2:
+                        line = line[1:]
+                    continue
+                m = _HOST_RANK_RE.match(line)
+                if m:
+                    found.append(("host", m.group(1)))
+                    found.append(("rank", m.group(2)))
+                    line = line[m.end():]
+                    if m.group(3) == ":" and line[:1] == " " and (len(line) - len(line.lstrip(" "))) % 2:
+                        line = line[1:]
+                    continue
+                m = _MPI_RE.match(line)
+                if m:
+                    found.append(("rank", m.group(2)))
+                    line = line[m.end():]
+                    continue
+                m = _KUBECTL_RE.match(line)
+                if m:
+                    found.append(("host", m.group(1)))
+                    line = line[m.end():]
+                    continue
+                m = _TIME_RE.match(line) or _PID_RE.match(line)
+                if m:
+                    line = line[m.end():]
+                    continue
+                break
+            if c.isdigit():
+                m = _TIME_RE.match(line)
+                if m:
+                    line = line[m.end():]
+                    continue
+                break
+            if c == ">":
+                m = _QUOTE_RE.match(line)
+                line = line[m.end():]  # type: ignore[union-attr]  # always matches a ">"
+                continue
+            if c == " " and line.lstrip(" ")[:1] == "[":
+                # a pasted block indented as a whole: "    [rank7]:[E816 ..."
+                rest = line.lstrip(" ")
+                if _BRACKET_RANK_RE.match(rest) or _HOST_RANK_RE.match(rest):
+                    line = rest
+                    continue
+            break
+        return found, line
+
+    def peel(self, line: str) -> Tuple[Identity, str]:
+        """``((host, rank, local_rank), text)`` of one line (no newline)."""
+        if "\x1b" in line:
+            line = strip_ansi(line)
+        found: List[Tuple[str, str]] = []
+        for _ in range(2):
+            got, line = self._peel_known(line)
+            found.extend(got)
+            if self.stems:
+                m = _LABEL_RE.match(line)
+                if m is not None and _stem(m.group(1)) in self.stems:
+                    label = m.group(1)
+                    found.append(("task" if label.isdigit() else "host", label))
+                    line = line[m.end():]
+                    got, line = self._peel_known(line)
+                    found.extend(got)
+            cr = line.rfind("\r")
+            if cr < 0:
+                break
+            # a progress bar redrawn with "\r" and never ended: the last redraw is the line
+            line = line[cr + 1:]
+        if not found:
+            return NO_IDENTITY, line
+        host = rank = local = task = None
+        for kind, value in found:
+            if kind == "host":
+                host = value
+            elif kind == "rank":
+                rank = _rank(value)
+            elif kind == "local":
+                local = _rank(value)
+            else:
+                task = _rank(value)
+        if rank is None and task is not None:
+            rank = task
+        return (host, rank, local), line
+
+
+def peel_lines(lines: List[str]) -> List[Tuple[Identity, str]]:
+    """Peel a whole small text (tests, docs) after learning its labels.
+
+    >>> peel_lines(["[1,2]<stderr>:Traceback (most recent call last):", "> [rank3]: boom"])
+    [((None, 2, None), 'Traceback (most recent call last):'), ((None, 3, None), 'boom')]
+    """
+    p = Peeler()
+    p.learn(lines)
+    return [p.peel(x) for x in lines]

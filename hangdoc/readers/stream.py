@@ -1,0 +1,260 @@
+"""One file, read once, line by line: prefixes peeled, blocks to their stack parsers, log lines to
+the log readers.
+
+Each line is peeled of its launcher prefixes (:mod:`hangdoc.readers.prefix`); lines of one writer
+identity form a *channel* with its own active block parser, so the interleaved output of many
+ranks comes apart. A line that no parser claims may start a block (:func:`registry.detect`), be a
+``# hangdoc`` tag or exited line, or a ``=== Rank N: addr ===`` section header (torch's debug
+server), which gives identity to the un-prefixed lines after it. Lines that hold a log keyword go
+to the log readers as well, whatever parser claims them: the exception line of a traceback is
+also the watchdog's timeout.
+
+A stretch of 4 MB with no marker of any format, read while no block is open, is skipped without
+being decoded: a gigabyte of training log with a few watchdog lines in it reads at disk speed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Dict, List, Optional, Tuple
+
+from hangdoc.model import ROLE_LAUNCHER, ROLE_WORKER, STATUS_OK, STATUS_TRUNCATED, LogEvent, Process, Source, Thread
+from hangdoc.readers import c10_backtrace as _c10
+from hangdoc.readers import pyspy as _pyspy
+from hangdoc.readers import registry
+from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks
+from hangdoc.readers.identity import (
+    apply_exit_events,
+    apply_tags,
+    exited_process,
+    finish_identity,
+    from_file_name,
+    tie_workers_by_order,
+)
+from hangdoc.readers.prefix import NO_IDENTITY, Identity, Peeler
+from hangdoc.tags import PREFIX as _TAG_PREFIX
+from hangdoc.tags import parse_exited, parse_tag
+
+__all__ = ["read_stream"]
+
+_SECTION_RE = re.compile(r"=== Rank (\d{1,9}): ?([^\s=]{0,255}) ?===\s*$")
+
+
+class _Channel:
+    """The lines of one writer (one rank's output) inside a file, with their own parser."""
+
+    __slots__ = ("parser", "tag_line", "rank", "local_rank", "host", "ident")
+
+    def __init__(self, ident: Identity = NO_IDENTITY) -> None:
+        self.parser: Optional[BlockParser] = None
+        #: the line of a tag not yet followed by anything (0: none)
+        self.tag_line = 0
+        self.ident = ident
+        self.host, self.rank, self.local_rank = ident
+
+
+def _section(text: str) -> Optional[Identity]:
+    m = _SECTION_RE.match(text)
+    if m is None:
+        return None
+    addr = m.group(2)
+    host = addr.rsplit(":", 1)[0] if ":" in addr else (addr or None)
+    if host is not None and host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return (host or None, int(m.group(1)), None)
+
+
+def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> Tuple[List[Process], List[LogEvent]]:
+    """The processes and log events of one file (identity within the file resolved)."""
+    ctx = FileContext(path, source, interner)
+    peeler = Peeler()
+    channels: Dict[Identity, _Channel] = {NO_IDENTITY: _Channel()}
+    main = channels[NO_IDENTITY]
+    emitted: List[Tuple[_Channel, Process]] = []
+    tags: List[Tuple[_Channel, int, Dict[str, str]]] = []
+    exits: List[Tuple[_Channel, int, Dict[str, str]]] = []
+    readers = registry.new_log_readers(ctx)
+    kw = registry.keyword_re().search
+    markers = registry.markers_re().search
+    last_of: Dict[int, Process] = {}  # id(channel) -> its last process (a c10 backtrace joins it)
+    last_any: List[Process] = []  # the file's last process (C++ prints its backtraces unprefixed)
+
+    def close(ch: _Channel) -> None:
+        parser, ch.parser = ch.parser, None
+        if parser is None:
+            return
+        try:
+            procs = parser.close()
+        except Exception as e:  # a reader bug must cost one block, never the whole input
+            ctx.error(parser.start, f"could not read this {parser.format} block: {type(e).__name__}: {e}")
+            return
+        for p in procs:
+            prev = last_of.get(id(ch)) or (last_any[-1] if last_any else None)
+            if p.format == _c10.FORMAT and prev is not None and prev.format != _c10.FORMAT:
+                for t in p.threads:
+                    prev.threads.append(Thread(ident=t.ident, name=t.name, frames=t.frames, is_main=False))
+                if p.meta.get("raised_from"):
+                    prev.meta.setdefault("raised_from", p.meta["raised_from"])
+                continue
+            emitted.append((ch, p))
+            last_of[id(ch)] = p
+            last_any[:] = [p]
+
+    def idle(data: bytes) -> bool:
+        """Skip a stretch: no block open, no reader inside a block, no marker in it."""
+        if any(ch.parser is not None for ch in channels.values()) or any(r.active for r in readers):
+            return False
+        return markers(data) is None
+
+    last = 0
+    learnt = False
+    tag_start = _TAG_PREFIX.strip()
+    # Fast path: frame lines of the main channel (nearly every line of a dump) go straight to its
+    # parser's sink; msink/mindent mirror main.parser's and are refreshed after any other line.
+    msink: Optional[List[str]] = None
+    mindent = "\x00"
+    for first, block in chunks(path, ctx, fileobj, skip=idle):
+        if not learnt:
+            learnt = True
+            peeler.learn(block)
+        lineno = first - 1
+        for line in block:
+            lineno += 1
+            if msink is not None and line.startswith(mindent):
+                msink.append(line)
+                continue
+            ident, text = peeler.peel(line)
+            if ident is NO_IDENTITY or ident == NO_IDENTITY:
+                ch = main
+                if text[:4] == "=== ":
+                    sec = _section(text)
+                    if sec is not None:
+                        close(main)
+                        main = channels.get(sec) or channels.setdefault(sec, _Channel(sec))
+                        msink = None
+                        continue
+            else:
+                ch = channels.get(ident)
+                if ch is None:
+                    ch = channels[ident] = _Channel(ident)
+            if readers and (kw(text) is not None or any(r.active for r in readers)):
+                for r in readers:
+                    try:
+                        r.feed(lineno, text, ch.ident)
+                    except Exception as e:  # one reader's bug costs its line, not the file
+                        ctx.error(lineno, f"could not read this line ({r.format}): {type(e).__name__}: {e}")
+            _dispatch(ctx, ch, lineno, text, close, tags, tag_start, exits)
+            mp = main.parser
+            if mp is not None and mp.sink is not None:
+                msink, mindent = mp.sink, mp.indent
+            else:
+                msink = None
+        last = lineno
+    for ch in list(channels.values()):
+        close(ch)
+    events: List[LogEvent] = []
+    for r in readers:
+        try:
+            events.extend(r.close())
+        except Exception as e:
+            ctx.error(0, f"could not finish reading ({r.format}): {type(e).__name__}: {e}")
+    if ctx.cut_off and ctx.cut_off == last:
+        source.truncated = True
+        ctx.error(last, "file ends in the middle of a line (cut off?)")
+        if emitted:
+            lastp = max((p for _, p in emitted), key=lambda p: p.source_line)
+            if lastp.status == STATUS_OK:
+                lastp.status = STATUS_TRUNCATED
+                lastp.status_detail = "the dump ends in the middle of a line"
+
+    for ch, lineno, fields in exits:
+        # a DataLoader worker or a launcher that exits is no news (workers come and go): only ranks
+        if fields.get("role") not in (ROLE_WORKER, ROLE_LAUNCHER):
+            emitted.append((ch, exited_process(ctx, lineno, fields)))
+    emitted.sort(key=lambda cp: cp[1].source_line)
+    apply_tags(emitted, tags)
+    apply_exit_events(emitted, events)
+    procs: List[Process] = []
+    for ch, p in emitted:
+        if p.host is None:
+            p.host = ch.host
+        if p.rank is None and ch.rank is not None:
+            p.rank = ch.rank
+            p.meta.setdefault("rank_from", "prefix")
+        if p.local_rank is None and ch.local_rank is not None:
+            p.local_rank = ch.local_rank
+        ctx.add(p)
+        procs.append(p)
+    from_file_name(ctx, procs)
+    for p in procs:
+        finish_identity(p, interner)
+    tie_workers_by_order(procs)
+    events.extend(_exceptions(procs, events))
+    for e in events:
+        if e.host is None:
+            e.host = ctx.host_from_name
+        if e.rank is None and ctx.rank_from_name is not None and len({x.rank for x in events}) <= 1:
+            e.rank = ctx.rank_from_name
+    source.events = len(events)
+    for r in readers:
+        if r.events and r.format not in source.formats:
+            source.formats.append(r.format)
+    ctx.finish()
+    return procs, events
+
+
+def _exceptions(procs: List[Process], events: List[LogEvent]) -> List[LogEvent]:
+    """An ``exception`` event for every traceback a rank printed (its last frame is where)."""
+    out = []
+    for p in procs:
+        exc = p.meta.get("exception")
+        if not exc or p.role in (ROLE_WORKER, ROLE_LAUNCHER) or p.format not in ("traceback",):
+            continue
+        main = p.main_thread
+        top = main.top if main is not None else None
+        at = f"{top.file}:{top.line}" if top is not None and top.line is not None else None
+        out.append(LogEvent(kind="exception", source=p.source, line=p.source_line, host=p.host, rank=p.rank,
+                            pid=p.pid, fields={"exc": exc, "at": at, "function": top.function if top else None},
+                            text=str(exc)[:300]))
+    return out
+
+
+def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Callable[[_Channel], None],
+              tags: List[Tuple[_Channel, int, Dict[str, str]]], tag_start: str,
+              exits: List[Tuple[_Channel, int, Dict[str, str]]]) -> None:
+    """One line of one channel: to its active parser, or the start of a block, a tag, or nothing."""
+    parser = ch.parser
+    if parser is not None:
+        sink = parser.sink
+        if sink is not None and text.startswith(parser.indent):
+            sink.append(text)
+            return
+        try:
+            if parser.feed(lineno, text):
+                return
+        except Exception as e:
+            ctx.error(lineno, f"could not read this line: {type(e).__name__}: {e}")
+            return
+        close(ch)
+    if text[:1] == "#":
+        if text.startswith(tag_start):
+            fields = parse_tag(text)
+            if fields is not None:
+                tags.append((ch, lineno, fields))
+                ch.tag_line = lineno
+            return
+        fields = parse_exited(text)
+        if fields is not None:
+            exits.append((ch, lineno, fields))
+            return
+    if ch.tag_line and text.startswith("Error: "):
+        # right after a tag line, any "Error: ..." is the dumper's (hangdoc dump writes the
+        # reasons no dumper could read the process this way)
+        new: Optional[BlockParser] = _pyspy.PySpyParser(ctx, lineno, after_tag=True)
+    else:
+        new = registry.detect(ctx, lineno, text)
+    if new is not None or text.strip():
+        ch.tag_line = 0
+    if new is not None:
+        new.feed(lineno, text)
+        ch.parser = new
