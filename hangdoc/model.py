@@ -288,6 +288,7 @@ FINDING_KINDS = (
     "unresponsive-process",
     "missing-rank",
     "collective-wait",
+    "rank-failed",
     "no-hang",
 )
 

@@ -19,6 +19,7 @@ Rule = Callable[[Report], Iterable[Finding]]
 RULES: List[str] = [
     "hangdoc.analysis.stack_rules:findings",
     "hangdoc.analysis.record_rules:findings",
+    "hangdoc.analysis.log_rules:findings",
 ]
 
 
@@ -31,6 +32,7 @@ def _load(spec: str) -> Rule:
 _ORIGIN = {
     "hangdoc.analysis.stack_rules:findings": "stacks",
     "hangdoc.analysis.record_rules:findings": "collective records",
+    "hangdoc.analysis.log_rules:findings": "console logs",
 }
 #: kinds whose culprits add up across rules (each rule names processes the other did not see).
 _ADDITIVE = frozenset({"missing-rank", "unresponsive-process"})

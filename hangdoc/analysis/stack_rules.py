@@ -50,6 +50,7 @@ from hangdoc.model import (
     ROLE_WORKER,
     STATUS_OK,
     STATUS_EXITED,
+    STATUS_LOG,
     STATUS_STOPPED,
     STATUS_TRUNCATED,
     Culprit,
@@ -79,6 +80,8 @@ def findings(report: Report) -> List[Finding]:
     >>> findings(Report(job=Job()))
     []
     """
+    if report.job.processes and all(p.status == STATUS_LOG for p in report.job.processes):
+        return []  # logs alone: no stack to judge
     return _Analysis(report).run()
 
 
@@ -251,7 +254,8 @@ class _Analysis:
     def __init__(self, report: Report) -> None:
         self.report = report
         self.out: List[Finding] = []
-        buckets = [b for b in _buckets(report.job.processes) if not b.launcher]
+        # a process known only from a log has no stack: the log rules speak for it
+        buckets = [b for b in _buckets(p for p in report.job.processes if p.status != STATUS_LOG) if not b.launcher]
         self.all_b = buckets
         self.worker_b = [b for b in buckets if b.worker]
         self.rank_b = [b for b in buckets if not b.worker]

@@ -32,7 +32,10 @@ from hangdoc.readers._logbase import Identity, LineReader, number
 
 FORMAT = "nccl-watchdog"
 KEYWORDS = ("Watchdog caught", "last enqueued", "dump signal", "global timeout", "got stuck",
-            "Heartbeat monitor", "watchdog at work")
+            "Heartbeat monitor", "watchdog at work", "Stack trace of the failed collective")
+
+#: frames kept of a failed collective's stack
+MAX_FRAMES = 128
 
 # "[Rank 0]", "[PG 1 Rank 0]", "[PG 0 (default_pg) Rank 7]", "[PG ID 0 PG GUID 0(default_pg) Rank 1]"
 _WHO_RE = re.compile(r"\[(?:PG (?:ID )?(\d{1,9})(?: PG GUID \d{1,9})? ?(?:\(([^()\[\]]{0,128})\))? )?Rank (\d{1,9})\]")
@@ -46,6 +49,9 @@ _STATE_RE = re.compile(
     r" last completed (?:NCCL )?work: (-?\d{1,20})")
 _DUMP_FROM_RE = re.compile(r"dump signal (?:due to a collective timeout )?from (?:rank (\d{1,9})|this local rank)")
 _STUCK_RE = re.compile(r"watchdog got stuck for (\d{1,9}) seconds")
+# Flight Recorder's stack of the collective that failed, printed under the watchdog's lines:
+# "#2 train from /work/examples/gpu/nccl_skip_broadcast.py:18"
+_FR_FRAME_RE = re.compile(r"#(\d{1,4}) (\S{1,512}) from (\S{1,4096}):(\d{1,9})\s*$")
 
 
 def _who(text: str, end: int) -> Tuple[Optional[str], Optional[int], Optional[int]]:
@@ -73,11 +79,51 @@ def _global_rank(group: Optional[str], rank: Optional[int]) -> Optional[int]:
     return rank if group in (None, "default_pg") else None
 
 
+def _user_site(frames):
+    """The innermost frame outside torch: where the user's code issued the collective."""
+    for fn, file, line in frames:
+        if "/torch/" not in file and not file.startswith("torch/"):
+            return f"{fn} ({file}:{line})"
+    return None
+
+
 class Reader(LineReader):
     def __init__(self, ctx) -> None:
         super().__init__(ctx, FORMAT)
+        self.stack_of = None  # the rank whose failed collective's stack is being read
+        self.frames = []
+
+    def _end_stack(self) -> None:
+        self.active = False
+        frames, self.frames = self.frames, []
+        if not frames:
+            return
+        # the stack belongs to the newest timeout (and watchdog state) of that writer
+        done = set()
+        for e in reversed(self.events):
+            if e.kind in ("timeout", "watchdog-state") and e.kind not in done and \
+                    (self.stack_of is None or e.rank == self.stack_of):
+                done.add(e.kind)
+                e.fields.setdefault("stack", [f"{fn} ({file}:{line})" for fn, file, line in frames])
+                site = _user_site(frames)
+                if site is not None:
+                    e.fields.setdefault("call_site", site)
 
     def feed(self, lineno: int, text: str, ident: Identity) -> None:
+        if self.active:
+            m = _FR_FRAME_RE.match(text.strip())
+            if m is not None:
+                if len(self.frames) < MAX_FRAMES:
+                    self.frames.append((m.group(2), m.group(3), m.group(4)))
+                return
+            self._end_stack()
+        if "Stack trace of the failed collective" in text:
+            if "not found" not in text:
+                self.active = True
+                self.stack_of = ident[1]
+                if self.stack_of is None:
+                    self.stack_of = _who(text, len(text))[1]
+            return
         m = _TIMEOUT_RE.search(text)
         if m is not None:
             group, grank, _ = _who(text, m.start())
@@ -108,3 +154,7 @@ class Reader(LineReader):
             group, grank, _ = _who(text, len(text))
             self.emit("heartbeat", lineno, ident, text, rank=_global_rank(group, grank),
                       what="global-timeout" if "global timeout" in text else "monitor-timeout")
+
+    def close(self):
+        self._end_stack()
+        return self.events

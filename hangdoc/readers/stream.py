@@ -78,6 +78,9 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     markers = registry.markers_re().search
     last_of: Dict[int, Process] = {}  # id(channel) -> its last process (a c10 backtrace joins it)
     last_any: List[Process] = []  # the file's last process (C++ prints its backtraces unprefixed)
+    # C++ backtraces with no process before them: kept only when the file holds nothing else (they
+    # are a watchdog thread's, not a process of their own)
+    orphans: List[Tuple[_Channel, Process]] = []
 
     def close(ch: _Channel) -> None:
         parser, ch.parser = ch.parser, None
@@ -95,6 +98,9 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                     prev.threads.append(Thread(ident=t.ident, name=t.name, frames=t.frames, is_main=False))
                 if p.meta.get("raised_from"):
                     prev.meta.setdefault("raised_from", p.meta["raised_from"])
+                continue
+            if p.format == _c10.FORMAT:
+                orphans.append((ch, p))
                 continue
             emitted.append((ch, p))
             last_of[id(ch)] = p
@@ -152,6 +158,8 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         last = lineno
     for ch in list(channels.values()):
         close(ch)
+    if orphans and not emitted and not any(r.events for r in readers):
+        emitted.extend(orphans)
     events: List[LogEvent] = []
     for r in readers:
         try:

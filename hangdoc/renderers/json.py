@@ -22,6 +22,8 @@ from hangdoc.ranges import compress_hosts, compress_ranks
 VERSION = 1
 #: above this many processes the output is compact (the indenting encoder is pure Python and slow).
 INDENT_UP_TO = 2000
+#: log events listed (a log of 100,000 ranks' timeouts is summed up by the findings)
+MAX_EVENTS = 10000
 
 
 def render(report: Report, options) -> str:
@@ -45,6 +47,8 @@ def to_json(report: Report) -> Dict[str, Any]:
                 "path": s.path,
                 "processes": s.processes,
                 "records": s.records,
+                "events": s.events,
+                "truncated": s.truncated,
                 "formats": list(s.formats),
                 "errors": [str(e) for e in s.errors],
             }
@@ -55,6 +59,7 @@ def to_json(report: Report) -> Dict[str, Any]:
         "findings": [f.to_json() for f in report.findings],
         "missing_ranks": compress_ranks(report.missing_ranks),
         "thread_groups": [_group(g, i, thread=True) for i, g in enumerate(report.thread_groups, 1)],
+        "events": [e.to_json() for e in job.events[:MAX_EVENTS]],
     }
 
 
