@@ -220,6 +220,7 @@ EVENT_KINDS = (
     "peer-closed",     # gloo: connection closed/reset by a peer (its address)
     "heartbeat",       # the heartbeat monitor: a dump signal, a stuck watchdog
     "root-cause",      # torchrun's "Root Cause (first observed failure)" row
+    "missing",         # fr_trace: ranks that did not join a collective the others issued
 )
 
 

@@ -61,9 +61,10 @@ def test_a_rank_s_dying_traceback_in_the_log_folds_into_its_live_dump():
     (r0,) = [p for p in job.processes if p.rank == 0]
     assert r0.pid == 722 and r0.meta["exception"].startswith("torch.distributed.DistBackendError")
     assert r0.meta["exception_at"].startswith(os.path.join(GPU_DL, "log.txt"))
-    # alone, the log is all there is of rank 0: it stays a process
+    # alone, the log is all there is of rank 0: it stays a process; rank 1, which only printed
+    # its watchdog's state (a dump signal), is a process known from the log alone
     alone = read_paths([os.path.join(GPU_DL, "log.txt")])
-    assert [(p.rank, p.pid) for p in alone.processes] == [(0, None)]
+    assert [(p.rank, p.pid, p.status) for p in alone.processes] == [(0, None, "ok"), (1, None, "log-only")]
 
 
 def truth_map(path):

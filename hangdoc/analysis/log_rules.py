@@ -103,8 +103,41 @@ def findings(report: Report) -> List[Finding]:
         return []
     out: List[Finding] = []
     out.extend(_detail(events))
+    out.extend(_fr_missing(events))
     out.extend(_timeouts(events, report))
     out.extend(_failed(events))
+    return out
+
+
+# --- fr_trace ----------------------------------------------------------------------------------------
+
+
+def _fr_missing(events: List[LogEvent]) -> List[Finding]:
+    out: List[Finding] = []
+    for e in [x for x in events if x.kind == "missing" and x.fields.get("missing")][:4]:
+        missing = list(e.fields["missing"])
+        expected = list(e.fields.get("expected") or [])
+        joined = [r for r in expected if r not in missing]
+        where = f"collective #{e.fields.get('seq')} ({e.fields.get('op', '?')}" + \
+                (f" of group {e.fields['group']}" if e.fields.get("group") else "") + ")"
+        lines = [f"fr_trace: {_who(joined) if joined else 'the other ranks'} issued {where}; {_who(missing)} did not",
+                 _cite(e)]
+        if e.fields.get("call_site"):
+            lines.insert(1, f"issued at {e.fields['call_site']}")
+        if joined and len(missing) < len(joined):
+            out.append(Finding("collective-mismatch", f"{_who(missing)} never joined {where} that the other ranks issued",
+                               [Culprit(rank=r) for r in missing], _cap(lines),
+                               [f"Find what {_who(missing)} did instead of {where}: a skipped call under a "
+                                "rank-dependent condition, or a wait elsewhere (its stack)."], 0.85))
+        else:
+            both = sorted(set(missing) | set(joined))
+            out.append(Finding("collective-mismatch",
+                               f"{_who(joined) if joined else 'some ranks'} issued {where} that {_who(missing)} did not, "
+                               "and the missing side is not a minority: either it is stuck before that collective or the "
+                               "others issued one too many",
+                               [Culprit(rank=r) for r in both], _cap(lines),
+                               ["fr_trace names the ranks *missing* from the first collective that did not complete; "
+                                "compare both sides' call sites before blaming the missing ones."], 0.55))
     return out
 
 
@@ -113,7 +146,7 @@ def findings(report: Report) -> List[Finding]:
 
 def _detail(events: List[LogEvent]) -> List[Finding]:
     out: List[Finding] = []
-    mism = [e for e in events if e.kind == "mismatch"]
+    mism = [e for e in events if e.kind == "mismatch" and e.fields.get("sides")]
     if mism:
         prints: Dict[int, Tuple[object, ...]] = {}
         for e in mism:
@@ -139,6 +172,14 @@ def _detail(events: List[LogEvent]) -> List[Finding]:
                             "model/data path issued a different op or shape.",
                             "DETAIL compares fingerprints pairwise; with two sides and no majority, read both call sites."],
                            0.95 if majority else 0.7))
+    shape = [e for e in events if e.kind == "mismatch" and e.fields.get("check") and not e.fields.get("sides")]
+    if shape and not mism:
+        out.append(Finding("collective-mismatch",
+                           f"the input shapes of collective {shape[0].fields.get('op') or ''} differ across ranks "
+                           "(TORCH_DISTRIBUTED_DEBUG=DETAIL); the message does not name the other side",
+                           [], _cap([_cite(e) for e in shape]),
+                           ["Print the tensor shapes passed to that collective on every rank: one rank has a "
+                            "different size (uneven data, a rank-dependent branch)."], 0.7))
     bar = [e for e in events if e.kind == "barrier" and e.fields.get("ranks")]
     if bar:
         late = sorted({r for e in bar for r in e.fields["ranks"]})
@@ -192,6 +233,19 @@ def _one_group(g: Optional[str], tos: List[LogEvent], states: List[LogEvent], ev
                 pos[e.rank] = (e.fields["failed"], None, None, e)
     if not pos:
         return []
+    if g is None:
+        seqs: Dict[int, set] = {}
+        for e in tos:
+            if e.rank is not None:
+                seqs.setdefault(e.rank, set()).add(e.fields["seq"])
+        if any(len(v) > 1 for v in seqs.values()):
+            # one rank timed out at several seqs: several process groups, and the lines name none
+            return [Finding("collective-wait",
+                            f"{_who(sorted(seqs))} timed out in collectives of several process groups (a rank reports "
+                            "several SeqNums and the lines name no group): the log cannot align the ranks",
+                            [], _cap([_cite(e) for e in tos[:3]]),
+                            ["Newer torch names the group on every line ([PG ID n ...]); Flight Recorder dumps or "
+                             "`hangdoc run --record` align the ranks per group."], 0.3)]
     # 1. one seq, different collectives
     by_seq: Dict[int, Dict[Tuple[Optional[str], Optional[int]], List[int]]] = {}
     for r, (seq, op, numel, _) in pos.items():
@@ -218,7 +272,7 @@ def _one_group(g: Optional[str], tos: List[LogEvent], states: List[LogEvent], ev
     behind = sorted(r for r, (_, last, _, _) in enq.items() if last is not None and last < waiting_at)
     if behind and len(behind) < len(pos):
         ahead = sorted(r for r in pos if r not in behind)
-        lines = [f"{_who(ahead)} wait in SeqNum {waiting_at}" + _op_of(pos, ahead),
+        lines = [f"{_who(ahead)} {'waits' if len(ahead) == 1 else 'wait'} in SeqNum {waiting_at}" + _op_of(pos, ahead),
                  f"{_who(behind)}: last enqueued " + ", ".join(f"{enq[r][1]}" for r in behind[:4]) +
                  f" < {waiting_at}: never issued it"] + [_cite(enq[r][3]) for r in behind[:2]]
         return [Finding("collective-mismatch",
@@ -308,11 +362,25 @@ def _op_of(pos: Dict[int, Tuple[int, Optional[str], Optional[int], LogEvent]], r
 
 def _failed(events: List[LogEvent]) -> List[Finding]:
     own = [e for e in events if e.kind == "exception" and e.fields.get("exc") and not is_fallout(str(e.fields["exc"]))]
-    killed = [e for e in events if e.kind == "exit" and e.fields.get("signal") and e.fields["signal"] not in _FALLOUT_SIGNALS
-              and not (e.fields.get("exc") and is_fallout(str(e.fields["exc"])))]
+    # a rank that timed out or raised a communication error exits with it: its exit is fallout too
+    fallout_ranks = {e.rank for e in events if e.rank is not None and (
+        e.kind in ("timeout", "watchdog-state", "peer-closed") or
+        (e.kind == "exception" and e.fields.get("exc") and is_fallout(str(e.fields["exc"]))))}
+
+    def own_exit(e: LogEvent) -> bool:
+        return e.kind == "exit" and e.rank not in fallout_ranks and \
+            not (e.fields.get("exc") and is_fallout(str(e.fields["exc"])))
+
+    killed = [e for e in events if own_exit(e) and e.fields.get("signal") and e.fields["signal"] not in _FALLOUT_SIGNALS]
+    exited = [e for e in events if own_exit(e) and not e.fields.get("signal") and (e.fields.get("exitcode") or 0) > 0]
+    # an exit code alone blames a rank only when it is the one failure and the others are known to
+    # be fine: the table says "<NO_OTHER_FAILURES>", or the agent tore the others down after it
+    if len({e.rank for e in exited}) != 1 or not (
+            any(e.fields.get("alone") for e in exited) or any(e.fields.get("by_agent") for e in events)):
+        exited = []
     first_timeout = min((e.time for e in events if e.kind in ("timeout", "watchdog-state") and e.time is not None),
                         default=None)
-    cands = own or killed
+    cands = own or killed or exited
     if not cands:
         return []
     cands.sort(key=lambda e: (e.time is None, e.time or 0.0, e.source, e.line))
@@ -325,9 +393,12 @@ def _failed(events: List[LogEvent]) -> List[Finding]:
     who_ = _who(ranks) if ranks else "a rank"
     if own:
         summary = f"{who_} raised {what}{where}" + ("" if after else "; the other ranks then waited for it")
-    else:
+    elif killed:
         sig = head.fields.get("signal")
         summary = f"{who_} was killed by {sig}" + (" (the OOM killer sends SIGKILL)" if sig == "SIGKILL" else "")
+    else:
+        summary = (f"{who_} exited with code {head.fields.get('exitcode')} first; the log does not hold "
+                   f"{'its' if len(ranks) <= 1 else 'their'} traceback")
     lines = [_cite(e) for e in same[:3]]
     others = [e for e in cands if e not in same]
     if others:
@@ -340,10 +411,13 @@ def _failed(events: List[LogEvent]) -> List[Finding]:
                          "it is only the first failure torchrun observed")
     if after:
         lines.append("its time stamp is after the first watchdog timeout: it may itself be fallout")
-    advice = ([f"Fix the error on {who_} first: the other ranks' timeouts are its consequence."]
-              if own else ["Check `dmesg` / the node's memory use around that time (OOM killer) and the job's memory limit."])
+    advice = ([f"Fix the error on {who_} first: the other ranks' timeouts are its consequence."] if own else
+              ["Check `dmesg` / the node's memory use around that time (OOM killer) and the job's memory limit."] if killed else
+              [f"Find {who_}'s own output (its traceback is in its stderr, or in the error_file torchrun names; "
+               "run with `torchrun --redirects 3 --log-dir DIR` or decorate main with @record)."])
+    conf = 0.6 if after else (0.92 if own or killed else 0.7)
     return [Finding("rank-failed", summary, _culprits(same or [head], ranks) if ranks else [_c(head)], _cap(lines), advice,
-                    0.6 if after else 0.92)]
+                    conf)]
 
 
 def _what(e: LogEvent) -> str:

@@ -160,11 +160,12 @@ CHUNK = 1 << 22
 
 
 def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None,
-           skip: Optional[Callable[[bytes], bool]] = None) -> Iterator[Tuple[int, List[str]]]:
+           skip: Optional[Callable[[bytes], bool]] = None, size: Optional[int] = None) -> Iterator[Tuple[int, List[str]]]:
     """``(number of the first line, lines)`` of a file, decoded a few megabytes at a time.
 
     ``skip(block)``, when given, is asked about every block of whole lines but the first: a block
-    it says True for is counted (its lines keep their numbers) and never decoded.
+    it says True for is counted (its lines keep their numbers) and never decoded. ``size`` is the
+    number of bytes read at a time (default :data:`CHUNK`): smaller blocks let ``skip`` pass over more.
 
     The lines have no newline. Bytes that are not UTF-8 are replaced (U+FFFD) and reported once per
     file, with the first line they occur on; NUL bytes are dropped; lines longer than
@@ -185,7 +186,7 @@ def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None,
     with f:
         while True:
             try:
-                chunk = f.read(CHUNK)
+                chunk = f.read(size or CHUNK)
             except OSError as e:
                 ctx.error(n, f"read error: {e.strerror or e}")
                 return

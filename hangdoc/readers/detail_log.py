@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 from hangdoc.readers._logbase import Identity, LineReader, number
 
 FORMAT = "detail"
-KEYWORDS = ("Detected mismatch between collectives", "monitoredBarrier")
+KEYWORDS = ("Detected mismatch between collectives", "monitoredBarrier", "Error when verifying shape tensors")
 
 _SIDE_RE = re.compile(r"Rank (\d{1,9}) is running (?:inconsistent )?collective: CollectiveFingerPrint\(")
 _FIELD_RES = {
@@ -34,6 +34,7 @@ _FIELD_RES = {
 }
 _BARRIER_RE = re.compile(r"Ranks? ([\d, ]{1,4096}) failed to pass monitoredBarrier in (\d{1,20}) ms")
 _BARRIER_PEER_RE = re.compile(r"waiting for send/recv from rank (\d{1,9})")
+_SHAPE_RE = re.compile(r"Error when verifying shape tensors for collective (\w{1,64}) on rank (\d{1,9})")
 _DIFFER_RE = re.compile(r"Collectives differ in the following aspects: ?(.{0,200})")
 
 
@@ -75,6 +76,12 @@ class Reader(LineReader):
             differ = _DIFFER_RE.search(text)
             self.emit("mismatch", lineno, ident, text, rank=ranks[0] if ranks else None, ranks=ranks, sides=sides,
                       differ=differ.group(1).strip() if differ else None)
+            return
+        m = _SHAPE_RE.search(text)
+        if m is not None:
+            # DETAIL's shape check: this rank's input shape differs from some other rank's
+            self.emit("mismatch", lineno, ident, text, rank=number(m.group(2)), ranks=[], sides=[], op=m.group(1),
+                      check="shape")
             return
         m = _BARRIER_RE.search(text)
         if m is not None:

@@ -46,7 +46,7 @@ from typing import Dict, List, Optional
 from hangdoc.readers._logbase import Identity, LineReader, line_time, number
 
 FORMAT = "torchelastic"
-KEYWORDS = ("ChildFailedError", "Failures:", "Root Cause", "failed (exitcode", "received by PID")
+KEYWORDS = ("ChildFailedError", "Failures:", "Root Cause", "failed (exitcode", "received by PID", "closing signal")
 
 #: lines of one entry's traceback kept
 MAX_TB_LINES = 400
@@ -58,7 +58,23 @@ _EXIT_RE = re.compile(r"(-?\d{1,9})(?: \(pid: (\d{1,9})\))?")
 _SIGNAL_RE = re.compile(r"Signal (\d{1,3}) \((SIG[A-Z0-9]{1,10})\) received by PID (\d{1,9})")
 _AGENT_RE = re.compile(r"failed \(exitcode: (-?\d{1,9})\) local_rank: (\d{1,9}) \(pid: (\d{1,9})\)")
 _TB_FILE_RE = re.compile(r'File "([^"]{1,4096})", line (\d{1,9})')
+_CLOSING_RE = re.compile(r"Sending process (\d{1,9}) closing signal (SIG[A-Z]{1,8})")
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+_EXC_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Failure|Fault)\b")
+
+
+def _exception_line(lines: List[str]) -> Optional[str]:
+    """The exception a traceback block ends in: its last ``Name: message`` line (not a caret line,
+    a source line or a frame)."""
+    for x in reversed(lines):
+        t = x.strip()
+        if not t or set(t) <= set("^~ ") or t.startswith("File "):
+            continue
+        if _EXC_RE.match(t):
+            return t
+    return None
 
 
 class Reader(LineReader):
@@ -69,6 +85,7 @@ class Reader(LineReader):
         self.entry_line = 0
         self.ident: Identity = (None, None, None)
         self.tb: Optional[List[str]] = None
+        self.alone = False  # the table says "<NO_OTHER_FAILURES>"
 
     def feed(self, lineno: int, text: str, ident: Identity) -> None:
         if not self.active:
@@ -98,6 +115,8 @@ class Reader(LineReader):
         stripped = text.strip()
         if not stripped or stripped.startswith("-----") or stripped.startswith("<NO_OTHER_FAILURES>"):
             self.tb = None
+            if stripped.startswith("<NO_OTHER_FAILURES>"):
+                self.alone = True
             return
         if stripped.startswith("Root Cause"):
             self._end_entry()
@@ -133,6 +152,11 @@ class Reader(LineReader):
                       signal=_SIGNALS.get(-code) if code is not None and code < 0 else None,
                       local_rank=number(m.group(2)), root=False)
             return
+        m = _CLOSING_RE.search(text)
+        if m is not None:
+            # the agent tears the healthy workers down after one failed: their ends are fallout
+            self.emit("exit", lineno, ident, text, pid=number(m.group(1)), signal=m.group(2), by_agent=True, root=False)
+            return
         m = _SIGNAL_RE.search(text)
         if m is not None and "ChildFailedError" not in text:
             self.emit("exit", lineno, ident, text, pid=number(m.group(3)), signal=m.group(2), root=False)
@@ -155,6 +179,7 @@ class Reader(LineReader):
         if m is not None:
             code, pid = number(m.group(1)), number(m.group(2)) if m.group(2) else None
         tb_lines = [str(x) for x in entry.get("traceback_lines", [entry.get("traceback", "")]) or []]  # type: ignore[union-attr]
+        tb_lines = [x for x in tb_lines if x.strip()]
         signal = None
         sm = _SIGNAL_RE.search(tb_lines[0]) if tb_lines else None
         if sm is not None:
@@ -164,9 +189,7 @@ class Reader(LineReader):
             signal = _SIGNALS.get(-code, f"signal {-code}")
         exc = at = None
         if tb_lines and tb_lines[0].startswith("Traceback"):
-            body = [x.strip() for x in tb_lines[1:] if x.strip()]
-            if body:
-                exc = body[-1]
+            exc = _exception_line(tb_lines[1:])
             files = [m2 for m2 in (_TB_FILE_RE.search(x) for x in tb_lines) if m2 is not None]
             if files:
                 at = f"{files[-1].group(1)}:{files[-1].group(2)}"
@@ -175,6 +198,7 @@ class Reader(LineReader):
         text = f"rank {rank} exitcode {code}" + (f" ({signal})" if signal else "") + (f": {exc}" if exc else "")
         self.emit("exit", self.entry_line, self.ident, text, rank=rank, pid=pid, host=host, time=t, exitcode=code,
                   signal=signal, local_rank=local, root=self.section == "root", exc=exc, at=at,
+                  alone=self.alone or None,
                   error_file=entry.get("error_file") if entry.get("error_file") not in (None, "<N/A>") else None)
         if exc is not None:
             self.emit("exception", self.entry_line, self.ident, exc, rank=rank, pid=pid, host=host, time=t,

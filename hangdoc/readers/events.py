@@ -25,7 +25,7 @@ def event_key(e: LogEvent) -> Tuple[object, ...]:
     elif e.kind == "watchdog-state":
         what = (f.get("group"), f.get("failed"), f.get("last_enqueued"), f.get("last_completed"))
     elif e.kind == "exception":
-        what = (f.get("exc"), f.get("at"))
+        what = (f.get("exc"),)
     elif e.kind == "exit":
         what = (f.get("exitcode"), f.get("signal"))
     else:
@@ -36,6 +36,14 @@ def event_key(e: LogEvent) -> Tuple[object, ...]:
 def join_events(job: Job) -> None:
     if not job.events:
         return
+    hosts = {e.host for e in job.events if e.host is not None} | {p.host for p in job.processes if p.host is not None}
+    if len(hosts) <= 1:
+        # torchrun's agent names local ranks ("failed (exitcode: -9) local_rank: 4"); on one host
+        # they are the ranks (the same rule the readers apply to "[default4]:" prefixes)
+        for e in job.events:
+            if e.rank is None and isinstance(e.fields.get("local_rank"), int):
+                e.rank = e.fields["local_rank"]
+                e.fields["rank_from"] = "local rank (one host)"
     _dedupe(job)
     ranked: Dict[Tuple[Optional[str], int], Process] = {}
     by_pid: Dict[Tuple[Optional[str], int], Process] = {}
@@ -91,6 +99,9 @@ def _dedupe(job: Job) -> None:
         if kept is None:
             seen[k] = e
             out.append(e)
-        elif kept.time is None and e.time is not None:
-            kept.time = e.time
+        else:
+            if kept.time is None and e.time is not None:
+                kept.time = e.time
+            for k, v in e.fields.items():  # the traceback's copy knows where it was raised
+                kept.fields.setdefault(k, v)
     job.events[:] = out

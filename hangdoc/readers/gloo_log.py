@@ -21,7 +21,7 @@ import re
 from hangdoc.readers._logbase import Identity, LineReader, number
 
 FORMAT = "gloo"
-KEYWORDS = ("Timed out waiting", "by peer", "Connection reset", "Connection closed")
+KEYWORDS = ("Timed out waiting", "by peer")
 
 _TIMEOUT_RE = re.compile(r"Timed out waiting (\d{1,20})ms for (\w{1,32}) operation to complete")
 _PEER_RE = re.compile(r"Connection (closed|reset) by peer \[([0-9A-Za-z.:%\-]{1,128})\]:(\d{1,5})"

@@ -31,8 +31,9 @@ from typing import Optional, Tuple
 from hangdoc.readers._logbase import Identity, LineReader, number
 
 FORMAT = "nccl-watchdog"
-KEYWORDS = ("Watchdog caught", "last enqueued", "dump signal", "global timeout", "got stuck",
-            "Heartbeat monitor", "watchdog at work", "Stack trace of the failed collective")
+KEYWORDS = ("Watchdog caught", "last enqueued", "Last enqueued", "dump signal", "global timeout", "got stuck",
+            "Heartbeat monitor", "watchdog at work", "Stack trace of the failed collective",
+            "terminated with exception")
 
 #: frames kept of a failed collective's stack
 MAX_FRAMES = 128
@@ -49,6 +50,13 @@ _STATE_RE = re.compile(
     r" last completed (?:NCCL )?work: (-?\d{1,20})")
 _DUMP_FROM_RE = re.compile(r"dump signal (?:due to a collective timeout )?from (?:rank (\d{1,9})|this local rank)")
 _STUCK_RE = re.compile(r"watchdog got stuck for (\d{1,9}) seconds")
+# torch 2.4-2.5: "Received a dump signal ... from this local rank ... Last enqueued NCCL work: 9387, last completed NCCL work: 9386."
+_LAST_RE = re.compile(r"[Ll]ast enqueued (?:NCCL )?work: (-?\d{1,20}), last completed (?:NCCL )?work: (-?\d{1,20})")
+# "[PG 2 Rank 1] Process group watchdog thread terminated with exception: CUDA error: an illegal memory access ..."
+_TERMINATED_RE = re.compile(r"(?:watchdog|NCCL) (?:thread )?terminated with exception: ?(.{1,400})")
+#: a watchdog line cut by a hard-wrapped paste is joined with at most this many following lines
+MAX_JOIN = 2
+
 # Flight Recorder's stack of the collective that failed, printed under the watchdog's lines:
 # "#2 train from /work/examples/gpu/nccl_skip_broadcast.py:18"
 _FR_FRAME_RE = re.compile(r"#(\d{1,4}) (\S{1,512}) from (\S{1,4096}):(\d{1,9})\s*$")
@@ -90,11 +98,14 @@ def _user_site(frames):
 class Reader(LineReader):
     def __init__(self, ctx) -> None:
         super().__init__(ctx, FORMAT)
-        self.stack_of = None  # the rank whose failed collective's stack is being read
+        self.in_stack = False  # reading Flight Recorder's stack of a failed collective
+        self.stack_of = None  # the rank it belongs to
         self.frames = []
+        # a watchdog line a paste wrapped at the terminal's width: (lineno, text, ident, joins)
+        self.pending = None
 
     def _end_stack(self) -> None:
-        self.active = False
+        self.in_stack = self.active = False
         frames, self.frames = self.frames, []
         if not frames:
             return
@@ -110,19 +121,53 @@ class Reader(LineReader):
                     e.fields.setdefault("call_site", site)
 
     def feed(self, lineno: int, text: str, ident: Identity) -> None:
-        if self.active:
+        if self.pending is not None:
+            first, head, hid, joins = self.pending
+            self.pending = None
+            self.active = self.in_stack
+            if ident == (None, None, None) or ident == hid:
+                if self._line(first, head + text, hid, joins + 1):
+                    return
+            # not its continuation: the cut line says what it can; this line is read afresh
+            self._line(first, head, hid, MAX_JOIN)
+        if self.in_stack:
             m = _FR_FRAME_RE.match(text.strip())
             if m is not None:
                 if len(self.frames) < MAX_FRAMES:
                     self.frames.append((m.group(2), m.group(3), m.group(4)))
                 return
             self._end_stack()
+        self._line(lineno, text, ident, 0)
+
+    def _line(self, lineno: int, text: str, ident: Identity, joins: int) -> bool:
+        """Read one (possibly joined) line; True when it said something."""
+        wrapped_signal = "dump signal" in text and "local rank" in text and "nqueued" not in text and len(text) >= 100
+        if joins < MAX_JOIN and ("Watchdog caught" in text or "enqueued" in text or "watchdog at work" in text
+                                 or wrapped_signal) \
+                and _TIMEOUT_RE.search(text) is None and _STATE_RE.search(text) is None and \
+                (_LAST_RE.search(text) is None or text.rstrip().endswith(",")):
+            # cut mid-way (no closing of its numbers): wait for the rest of it
+            self.pending = (lineno, text, ident, joins)
+            self.active = True
+            return True
+        before = len(self.events)
+        self._read(lineno, text, ident)
+        return len(self.events) > before
+
+    def _read(self, lineno: int, text: str, ident: Identity) -> None:
         if "Stack trace of the failed collective" in text:
             if "not found" not in text:
-                self.active = True
+                self.active = self.in_stack = True
                 self.stack_of = ident[1]
                 if self.stack_of is None:
                     self.stack_of = _who(text, len(text))[1]
+            return
+        m = _TERMINATED_RE.search(text)
+        if m is not None and "Watchdog caught" not in m.group(1) and not re.match(r"\s*\[(?:PG|Rank) ", m.group(1)):
+            # the watchdog died of an error of its own rank (a CUDA fault), not of a timeout
+            group, grank, _ = _who(text, m.start())
+            self.emit("exception", lineno, ident, text, rank=_global_rank(group, grank), exc=m.group(1).strip(),
+                      via="nccl-watchdog")
             return
         m = _TIMEOUT_RE.search(text)
         if m is not None:
@@ -137,6 +182,15 @@ class Reader(LineReader):
             self.emit("watchdog-state", lineno, ident, text, rank=_global_rank(group, grank), group=group,
                       group_rank=grank, failed=number(m.group(1)), last_enqueued=number(m.group(2)),
                       last_completed=number(m.group(3)))
+            return
+        m = _LAST_RE.search(text)
+        if m is not None and ("dump signal" in text or "global timeout" in text):
+            group, grank, _ = _who(text, m.start())
+            last, done = number(m.group(1)), number(m.group(2))
+            # the collective it waits in is the first one not completed
+            self.emit("watchdog-state", lineno, ident, text, rank=_global_rank(group, grank), group=group,
+                      group_rank=grank, failed=done + 1 if done is not None else None, inferred=True,
+                      last_enqueued=last, last_completed=done)
             return
         m = _DUMP_FROM_RE.search(text)
         if m is not None:
@@ -156,5 +210,9 @@ class Reader(LineReader):
                       what="global-timeout" if "global timeout" in text else "monitor-timeout")
 
     def close(self):
+        if self.pending is not None:
+            first, head, hid, _ = self.pending
+            self.pending = None
+            self._line(first, head, hid, MAX_JOIN)
         self._end_stack()
         return self.events

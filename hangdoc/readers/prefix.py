@@ -50,8 +50,14 @@ _ANSI_RE = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,409
 _BRACKET_RANK_RE = re.compile(r"\[([A-Za-z_][A-Za-z0-9_\-]{0,63}?)?(\d{1,9})\]:")
 # torchrun's template "[vm:0]:" and hangdoc's own "[node7:3] "
 _HOST_RANK_RE = re.compile(r"\[([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}):(\d{1,9})\](:| )")
-# mpirun --tag-output "[1,0]<stderr>:"
-_MPI_RE = re.compile(r"\[(\d{1,9}),(\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?")
+# mpirun --tag-output "[1,0]<stderr>:", horovodrun "[1]<stderr>:"
+_MPI_RE = re.compile(r"\[(?:\d{1,9},)?(\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?")
+# Ray's worker tag "(RayWorkerWrapper pid=14390)", "(pid=123, ip=10.0.0.2)"
+_RAY_RE = re.compile(r"\((?:[A-Za-z_][A-Za-z0-9_.\-]{0,127} )?pid=(\d{1,9})(?:, ip=([0-9A-Fa-f.:]{1,64}))?\) ?")
+# docker compose "trainer-1  | "
+_COMPOSE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}) {1,32}\| ")
+# a colour code whose ESC byte a copy lost: "[36m", "ESC[0m"
+_COLOUR_RE = re.compile(r"(?:ESC)?\[\d{1,3}(?:;\d{1,3}){0,4}m ?")
 # kubectl logs --prefix "[pod/trainer-0/main] "
 _KUBECTL_RE = re.compile(r"\[pod/([A-Za-z0-9][A-Za-z0-9_.\-]{0,252})/[A-Za-z0-9_.\-]{1,253}\] ")
 # a timestamp: ISO 8601 / RFC 3339 (kubectl --timestamps), optionally bracketed, or a bare clock
@@ -63,7 +69,7 @@ _PID_RE = re.compile(r"\[\d{1,9}\] ")
 # "> " of a quoted paste (">> " for a quote in a quote)
 _QUOTE_RE = re.compile(r">{1,4} ?")
 # a candidate learnt label: "12: ", "node7: ", "worker-3: ", "gpu-node-12.cluster: "
-_LABEL_RE = re.compile(r" {0,8}([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}): ")
+_LABEL_RE = re.compile(r" {0,8}([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}(?::\d{1,6})?): ")
 _TRAILING_DIGITS_RE = re.compile(r"\d{1,9}$")
 
 
@@ -166,7 +172,11 @@ class Peeler:
                     continue
                 m = _MPI_RE.match(line)
                 if m:
-                    found.append(("rank", m.group(2)))
+                    found.append(("rank", m.group(1)))
+                    line = line[m.end():]
+                    continue
+                m = _COLOUR_RE.match(line)
+                if m:
                     line = line[m.end():]
                     continue
                 m = _KUBECTL_RE.match(line)
@@ -184,7 +194,27 @@ class Peeler:
                 if m:
                     line = line[m.end():]
                     continue
+            if c.isalnum() and "  | " in line[:160]:
+                m = _COMPOSE_RE.match(line)
+                if m:
+                    found.append(("host", m.group(1)))
+                    line = line[m.end():]
+                    continue
+            if c.isdigit():
                 break
+            if c == "(":
+                m = _RAY_RE.match(line)
+                if m:
+                    if m.group(2):
+                        found.append(("host", m.group(2)))
+                    line = line[m.end():]
+                    continue
+                break
+            if c == "E" and line.startswith("ESC["):
+                m = _COLOUR_RE.match(line)
+                if m:
+                    line = line[m.end():]
+                    continue
             if c == ">":
                 m = _QUOTE_RE.match(line)
                 line = line[m.end():]  # type: ignore[union-attr]  # always matches a ">"
@@ -210,7 +240,14 @@ class Peeler:
                 m = _LABEL_RE.match(line)
                 if m is not None and _stem(m.group(1)) in self.stems:
                     label = m.group(1)
-                    found.append(("task" if label.isdigit() else "host", label))
+                    if label.isdigit():
+                        found.append(("task", label))
+                    elif ":" in label:  # "r12i0n8:3: ": host and rank
+                        h, _, r = label.rpartition(":")
+                        found.append(("host", h))
+                        found.append(("rank", r))
+                    else:
+                        found.append(("host", label))
                     line = line[m.end():]
                     got, line = self._peel_known(line)
                     found.extend(got)
@@ -229,7 +266,7 @@ class Peeler:
                 rank = _rank(value)
             elif kind == "local":
                 local = _rank(value)
-            else:
+            elif kind == "task":
                 task = _rank(value)
         if rank is None and task is not None:
             rank = task

@@ -9,7 +9,7 @@ server), which gives identity to the un-prefixed lines after it. Lines that hold
 to the log readers as well, whatever parser claims them: the exception line of a traceback is
 also the watchdog's timeout.
 
-A stretch of 4 MB with no marker of any format, read while no block is open, is skipped without
+A stretch of 256 KB with no anchor of any format, read while no block is open, is skipped without
 being decoded: a gigabyte of training log with a few watchdog lines in it reads at disk speed.
 """
 
@@ -37,7 +37,10 @@ from hangdoc.tags import parse_exited, parse_tag
 
 __all__ = ["read_stream"]
 
-_SECTION_RE = re.compile(r"=== Rank (\d{1,9}): ?([^\s=]{0,255}) ?===\s*$")
+#: bytes read at a time: a stretch this long with no anchor is skipped whole
+BLOCK = 1 << 18
+
+_SECTION_RE = re.compile(r"=== Rank (\d{1,9})(?:: ?([^\s=]{0,255}))? ?===\s*$")
 
 
 class _Channel:
@@ -57,7 +60,7 @@ def _section(text: str) -> Optional[Identity]:
     m = _SECTION_RE.match(text)
     if m is None:
         return None
-    addr = m.group(2)
+    addr = m.group(2) or ""
     host = addr.rsplit(":", 1)[0] if ":" in addr else (addr or None)
     if host is not None and host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -75,7 +78,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     exits: List[Tuple[_Channel, int, Dict[str, str]]] = []
     readers = registry.new_log_readers(ctx)
     kw = registry.keyword_re().search
-    markers = registry.markers_re().search
+    has_anchor = registry.has_anchor
     last_of: Dict[int, Process] = {}  # id(channel) -> its last process (a c10 backtrace joins it)
     last_any: List[Process] = []  # the file's last process (C++ prints its backtraces unprefixed)
     # C++ backtraces with no process before them: kept only when the file holds nothing else (they
@@ -110,7 +113,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         """Skip a stretch: no block open, no reader inside a block, no marker in it."""
         if any(ch.parser is not None for ch in channels.values()) or any(r.active for r in readers):
             return False
-        return markers(data) is None
+        return not has_anchor(data)
 
     last = 0
     learnt = False
@@ -119,7 +122,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     # parser's sink; msink/mindent mirror main.parser's and are refreshed after any other line.
     msink: Optional[List[str]] = None
     mindent = "\x00"
-    for first, block in chunks(path, ctx, fileobj, skip=idle):
+    for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         if not learnt:
             learnt = True
             peeler.learn(block)
