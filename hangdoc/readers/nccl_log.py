@@ -141,7 +141,8 @@ class Reader(LineReader):
 
     def _line(self, lineno: int, text: str, ident: Identity, joins: int) -> bool:
         """Read one (possibly joined) line; True when it said something."""
-        wrapped_signal = "dump signal" in text and "local rank" in text and "nqueued" not in text and len(text) >= 100
+        wrapped_signal = ("dump signal" in text and "nqueued" not in text and len(text) >= 100
+                          and not text.rstrip().endswith("."))
         if joins < MAX_JOIN and ("Watchdog caught" in text or "enqueued" in text or "watchdog at work" in text
                                  or wrapped_signal) \
                 and _TIMEOUT_RE.search(text) is None and _STATE_RE.search(text) is None and \
