@@ -135,18 +135,23 @@ def _ranks(f: Finding) -> frozenset:
 
 
 def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
-    """A rank the records show merely *behind* (a ``collective-wait`` naming it) is explained by
-    a stack finding that names the same ranks (a DataLoader stall, a stopped process): that
-    finding says why, so it becomes the headline, with the records' agreement as evidence."""
+    """A rank the records show merely *behind* (a ``collective-wait`` naming it), or that a log
+    shows never issued the collective the others wait in, is explained by a stack finding that
+    names the same ranks (a DataLoader stall, a stopped process): that finding says why, so it
+    becomes the headline, with the records' or the log's agreement as evidence."""
     lags = [f for f in found if f.kind == "collective-wait" and origins.get(id(f)) == "collective records" and _ranks(f)]
+    # a log that says which rank never issued the collective (its watchdog's last enqueued work)
+    # says *who*; a DataLoader stall or a stopped process in that rank's stack says *why*
+    lags += [f for f in found if f.kind in ("collective-mismatch", "missing-rank") and
+             origins.get(id(f)) == "console logs" and _ranks(f)]
     for lag in lags:
         for f in found:
-            if f is lag or f.kind in ("collective-wait", "no-hang") or origins.get(id(f)) != "stacks":
+            if f is lag or f.kind in ("collective-wait", "no-hang", "collective-mismatch") or origins.get(id(f)) != "stacks":
                 continue
             ranks = _ranks(f)
             if ranks and ranks <= _ranks(lag):
                 f.confidence = max(f.confidence, lag.confidence + 0.05)
-                f.evidence.append(f"the collective records agree: {lag.summary}")
+                f.evidence.append(f"the {origins.get(id(lag))} agree: {lag.summary}")
 
 
 def _who(culprits: List[Culprit]) -> str:

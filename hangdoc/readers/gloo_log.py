@@ -9,7 +9,8 @@ Events: ``timeout`` (backend ``gloo``, op ``recv``/``send``, timeout_ms) and ``p
 connection is usually fallout: the peer at that address died or gave up first.
 
     >>> from hangdoc.readers import read_text
-    >>> e = read_text("[rank2]: RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:33406\\n").events[0]
+    >>> job = read_text("[rank2]: RuntimeError: [pair.cc:534] Connection closed by peer [10.0.0.2]:33406\\n")
+    >>> e = next(e for e in job.events if e.kind == "peer-closed")
     >>> (e.kind, e.rank, e.fields["peer"])
     ('peer-closed', 2, '10.0.0.2:33406')
 """

@@ -125,7 +125,8 @@ class Reader(LineReader):
             first, head, hid, joins = self.pending
             self.pending = None
             self.active = self.in_stack
-            if ident == (None, None, None) or ident == hid:
+            # a wrapped line's rest carries no rank (a launcher's host prefix may still be on it)
+            if (ident[1] is None and ident[2] is None) or ident == hid:
                 if self._line(first, head + text, hid, joins + 1):
                     return
             # not its continuation: the cut line says what it can; this line is read afresh

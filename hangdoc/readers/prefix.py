@@ -57,7 +57,7 @@ _RAY_RE = re.compile(r"\((?:[A-Za-z_][A-Za-z0-9_.\-]{0,127} )?pid=(\d{1,9})(?:, 
 # docker compose "trainer-1  | "
 _COMPOSE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}) {1,32}\| ")
 # a colour code whose ESC byte a copy lost: "[36m", "ESC[0m"
-_COLOUR_RE = re.compile(r"(?:ESC)?\[\d{1,3}(?:;\d{1,3}){0,4}m ?")
+_COLOUR_RE = re.compile(r"(?:ESC)?\[\d{1,3}(?:;\d{1,3}){0,4}m")
 # kubectl logs --prefix "[pod/trainer-0/main] "
 _KUBECTL_RE = re.compile(r"\[pod/([A-Za-z0-9][A-Za-z0-9_.\-]{0,252})/[A-Za-z0-9_.\-]{1,253}\] ")
 # a timestamp: ISO 8601 / RFC 3339 (kubectl --timestamps), optionally bracketed, or a bare clock
@@ -122,20 +122,26 @@ class Peeler:
         for i, raw in enumerate(lines):
             if i >= LEARN_LINES:
                 break
-            line = raw
-            # learn behind the prefixes every file may have (a timestamp, ANSI, torch's own)
-            _, line = self._peel_known(strip_ansi(line))
+            # learn behind the prefixes every file may have (a timestamp, ANSI, torch's own), in
+            # front of a progress bar's redraws and behind them
+            _, line = self._peel_known(strip_ansi(raw))
             if not line.strip():
                 continue
             total += 1
-            m = _LABEL_RE.match(line)
-            if m is None:
-                continue
-            stem = _stem(m.group(1))
-            if stem is None:
-                continue
-            counts[stem] = counts.get(stem, 0) + 1
-            labels.setdefault(stem, set()).add(m.group(1))
+            for part in range(2):
+                for _depth in range(2):  # "gpu-node7: r12i0n8:3: text": both are labels
+                    m = _LABEL_RE.match(line)
+                    if m is None:
+                        break
+                    stem = _stem(m.group(1))
+                    if stem is None:
+                        break
+                    counts[stem] = counts.get(stem, 0) + 1
+                    labels.setdefault(stem, set()).add(m.group(1))
+                    _, line = self._peel_known(line[m.end():])
+                if part or "\r" not in line:
+                    break
+                _, line = self._peel_known(line[line.rfind("\r") + 1:])
         for stem, n in counts.items():
             distinct = len(labels[stem])
             # numbered lines that each occur once (a Rust backtrace's "  0: ", a list) are no
@@ -236,21 +242,21 @@ class Peeler:
         for _ in range(2):
             got, line = self._peel_known(line)
             found.extend(got)
-            if self.stems:
+            for _depth in range(2 if self.stems else 0):
                 m = _LABEL_RE.match(line)
-                if m is not None and _stem(m.group(1)) in self.stems:
-                    label = m.group(1)
-                    if label.isdigit():
-                        found.append(("task", label))
-                    elif ":" in label:  # "r12i0n8:3: ": host and rank
-                        h, _, r = label.rpartition(":")
-                        found.append(("host", h))
-                        found.append(("rank", r))
-                    else:
-                        found.append(("host", label))
-                    line = line[m.end():]
-                    got, line = self._peel_known(line)
-                    found.extend(got)
+                if m is None or _stem(m.group(1)) not in self.stems:
+                    break
+                label = m.group(1)
+                if label.isdigit():
+                    found.append(("task", label))
+                elif ":" in label:  # "r12i0n8:3: ": host and rank
+                    h, _, r = label.rpartition(":")
+                    found.append(("host", h))
+                    found.append(("rank", r))
+                else:
+                    found.append(("host", label))
+                got, line = self._peel_known(line[m.end():])
+                found.extend(got)
             cr = line.rfind("\r")
             if cr < 0:
                 break

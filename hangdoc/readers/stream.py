@@ -116,16 +116,13 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         return not has_anchor(data)
 
     last = 0
-    learnt = False
     tag_start = _TAG_PREFIX.strip()
     # Fast path: frame lines of the main channel (nearly every line of a dump) go straight to its
     # parser's sink; msink/mindent mirror main.parser's and are refreshed after any other line.
     msink: Optional[List[str]] = None
     mindent = "\x00"
+    peeler.learn(_head_lines(path, fileobj))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
-        if not learnt:
-            learnt = True
-            peeler.learn(block)
         lineno = first - 1
         for line in block:
             lineno += 1
@@ -212,6 +209,25 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
             source.formats.append(r.format)
     ctx.finish()
     return procs, events
+
+
+#: bytes of a file's head its prefixes are learnt from
+LEARN_BYTES = 1 << 16
+
+
+def _head_lines(path: str, fileobj=None) -> List[str]:
+    """The first lines of a file (for :meth:`Peeler.learn`), the file left where it was."""
+    try:
+        if fileobj is not None:
+            pos = fileobj.tell()
+            data = fileobj.read(LEARN_BYTES)
+            fileobj.seek(pos)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(LEARN_BYTES)
+    except (OSError, ValueError):
+        return []
+    return data.decode("utf-8", "replace").split("\n")[:-1] or [data.decode("utf-8", "replace")]
 
 
 def _exceptions(procs: List[Process], events: List[LogEvent]) -> List[LogEvent]:

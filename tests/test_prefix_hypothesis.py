@@ -1,0 +1,108 @@
+"""Launcher prefixes never change a verdict: any prefix added to every line of any real log or dump,
+alone or stacked on another, gives the same headline kind and culprits.
+
+A prefix that names a rank is only added to the lines whose rank is already known (as a real
+launcher would add the rank that wrote them); the others get the same launcher's lines without
+identity (a timestamp, a quote, a colour, a pod or a node name the whole file shares).
+"""
+
+import os
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hangdoc.analysis.diagnose import diagnose
+from hangdoc.analysis.grouping import build_report
+from hangdoc.readers import read_text
+from hangdoc.readers.prefix import Peeler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.path.join(HERE, "fixtures")
+
+
+def _fixtures():
+    out = []
+    for d in ("logs/nccl", "logs/launch"):
+        base = os.path.join(FIX, d)
+        out += sorted(os.path.join(base, n) for n in os.listdir(base) if n.endswith(".log"))
+    out += [os.path.join(FIX, "gpu", s, "log.txt") for s in ("nccl_skip_broadcast", "nccl_dataloader_deadlock",
+                                                             "nccl_pipeline_cycle")]
+    dumps = os.path.join(FIX, "dumps")
+    out += [os.path.join(dumps, "skip_broadcast", "traceback", "console.log"),
+            os.path.join(dumps, "skip_broadcast", "console.log")]
+    out += sorted(os.path.join(dumps, "skip_broadcast", "plain", n)
+                  for n in os.listdir(os.path.join(dumps, "skip_broadcast", "plain")))
+    return out
+
+
+FIXTURES = _fixtures()
+TEXTS = {}
+
+
+def text_of(path):
+    if path not in TEXTS:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            TEXTS[path] = f.read().splitlines()
+    return TEXTS[path]
+
+
+def headline(lines):
+    job = read_text("\n".join(lines) + "\n", name="x.log")
+    report = build_report(job, "function+line")
+    report.findings = diagnose(report)
+    f = report.findings[0]
+    return f.kind, sorted(c.rank for c in f.culprits if c.rank is not None)
+
+
+# (name, prefix of a line with rank r or None) -> str; None: this family cannot label that line
+FAMILIES = {
+    "iso-time": lambda r, i: f"2025-03-0{1 + i % 9}T10:{i % 60:02d}:{i % 60:02d}.{i % 1000:03d}Z ",
+    "log-time": lambda r, i: f"[2025-03-01 10:00:{i % 60:02d},{i % 1000:03d}] ",
+    "clock": lambda r, i: f"10:00:{i % 60:02d} ",
+    "pid": lambda r, i: "[48211] ",
+    "quote": lambda r, i: "> ",
+    "ansi": lambda r, i: "\x1b[36m",
+    "lost-esc": lambda r, i: "[36m",
+    "progress": lambda r, i: "Epoch 0:  6%|#2        | 32/500 [00:10<02:31]\r",
+    "pdsh": lambda r, i: "gpu-node7: ",
+    "kubectl": lambda r, i: "[pod/trainer-worker-0/pytorch] ",
+    "compose": lambda r, i: "trainer-1  | ",
+    "ray": lambda r, i: "(RayWorkerWrapper pid=14390) ",
+    "torch-rank": lambda r, i: None if r is None else f"[rank{r}]: ",
+    "tee": lambda r, i: None if r is None else f"[default{r}]:",
+    "mpirun": lambda r, i: None if r is None else f"[1,{r}]<stderr>:",
+    "horovod": lambda r, i: None if r is None else f"[{r}]<stderr>:",
+    "hangdoc": lambda r, i: None if r is None else f"[node1:{r}] ",
+}
+# what a family adds to a line it cannot label with a rank
+FALLBACK = {"torch-rank": "quote", "tee": "iso-time", "mpirun": "pid", "horovod": "clock", "hangdoc": "log-time"}
+
+
+def prefixed(lines, families):
+    peeler = Peeler()
+    peeler.learn(lines)
+    ranks = [peeler.peel(x)[0][1] for x in lines]
+    out = list(lines)
+    for fam in reversed(families):  # the first family is the outermost
+        make = FAMILIES[fam]
+        new = []
+        for i, (line, r) in enumerate(zip(out, ranks)):
+            p = make(r, i)
+            if p is None:
+                p = FAMILIES[FALLBACK[fam]](r, i)
+            if p.endswith("\r") and not line:
+                p = ""  # "...\r" before an empty line would be a CRLF line end, not a redraw
+            new.append(p + line)
+        out = new
+    return out
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(path=st.sampled_from(FIXTURES), families=st.lists(st.sampled_from(sorted(FAMILIES)), min_size=1, max_size=2))
+def test_any_prefix_or_two_stacked_keep_the_verdict(path, families):
+    lines = text_of(path)
+    assert headline(prefixed(lines, families)) == headline(lines), families
+
+
+def test_every_fixture_is_tried():
+    assert len(FIXTURES) >= 130
