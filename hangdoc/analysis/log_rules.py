@@ -399,7 +399,7 @@ def _failed(events: List[LogEvent]) -> List[Finding]:
     else:
         summary = (f"{who_} exited with code {head.fields.get('exitcode')} first; the log does not hold "
                    f"{'its' if len(ranks) <= 1 else 'their'} traceback")
-    lines = [_cite(e) for e in same[:3]]
+    lines = list(dict.fromkeys(_cite(e) for e in same[:3]))
     others = [e for e in cands if e not in same]
     if others:
         lines.append("other ranks' own errors: " + "; ".join(f"rank {e.rank}: {_what(e)}" for e in others[:3]))

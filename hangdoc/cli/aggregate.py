@@ -73,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
             progress.stage(f"reading file {i + 1}/{n}")
 
         job = reader.finish(on_file if progress.enabled else None)
-        if not job.processes and not job.records:
+        if not job.processes and not job.records and not job.events:
             errors = job.errors
             first = f"; first: {errors[0]}" if errors else ""
             n = len(job.sources)

@@ -103,5 +103,6 @@ def _dedupe(job: Job) -> None:
             if kept.time is None and e.time is not None:
                 kept.time = e.time
             for k, v in e.fields.items():  # the traceback's copy knows where it was raised
-                kept.fields.setdefault(k, v)
+                if k != "inferred":
+                    kept.fields.setdefault(k, v)
     job.events[:] = out
