@@ -31,13 +31,13 @@ import json
 import os
 import socket
 import stat
-import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import List, NamedTuple, Optional, Tuple
 
+from hangdoc.atomic import write_atomic
 from hangdoc.tags import format_tag
 
 #: the frontend's port when ``start_debug_server()`` is called without one
@@ -205,22 +205,10 @@ def fetch(address: str, timeout: float = DEFAULT_TIMEOUT, max_bytes: int = MAX_P
 
 
 def _write_private(directory: str, name: str, text: str) -> str:
-    """Write ``directory/name`` as a new 0600 file, atomically; the name is never followed as a
-    symbolic link (the temporary file is created O_EXCL, the rename replaces a link itself)."""
-    fd, tmp = tempfile.mkstemp(prefix=".hangdoc-", suffix=".tmp", dir=directory)  # 0600, O_EXCL
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode("utf-8", "replace"))
-            f.flush()
-            os.fsync(f.fileno())
-        path = os.path.join(directory, name)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``directory/name`` atomically as a 0600 file (a symbolic link there is replaced, not
+    followed: the data goes to a new file renamed over the name)."""
+    path = os.path.join(directory, name)
+    write_atomic(path, text, mode=0o600)
     return path
 
 
