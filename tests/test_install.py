@@ -95,15 +95,19 @@ def test_pyz_holds_only_the_core(pyz):
     assert not [n for n in names if n.startswith(("tests/", "hangdoc/testing/")) or n.endswith(".pyc")]
 
 
-def test_pyz_runs_aggregate_with_the_current_python(pyz, tmp_path):
-    _check_verdict(_run([sys.executable, pyz, "aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
+def test_pyz_runs_aggregate_with_the_current_python_without_torch(pyz, tmp_path):
+    venv_python = _fresh_venv(sys.executable, str(tmp_path / "venv"))
+    assert _run([venv_python, "-c", "import importlib.util; print(importlib.util.find_spec('torch') is None)"],
+                cwd=str(tmp_path)).strip() == "True"
+    _check_verdict(_run([venv_python, pyz, "aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
 
 
 def test_pyz_runs_aggregate_with_python38(pyz, tmp_path):
     python38 = _python38()
     if python38 is None:
         pytest.skip("no Python 3.8 on this machine (python3.8 on PATH or ~/.pyenv/versions/3.8*)")
-    _check_verdict(_run([python38, pyz, "aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
+    venv_python = _fresh_venv(python38, str(tmp_path / "venv38"))
+    _check_verdict(_run([venv_python, pyz, "aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
 
 
 def _fresh_venv(python, where):
@@ -134,10 +138,11 @@ def test_wheel_with_python38(wheel, tmp_path):
     python38 = _python38()
     if python38 is None:
         pytest.skip("no Python 3.8 on this machine (python3.8 on PATH or ~/.pyenv/versions/3.8*)")
-    where = str(tmp_path / "venv38")
-    # With the pip that Python 3.8 bundles: this interpreter's pip may be too new to run under 3.8.
-    _run([python38, "-m", "venv", where], cwd=str(tmp_path))
-    venv_python = os.path.join(where, "bin", "python")
-    _run([venv_python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheel], cwd=str(tmp_path))
-    hangdoc_script = os.path.join(where, "bin", "hangdoc")
-    _check_verdict(_run([hangdoc_script, "aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
+    venv_python = _fresh_venv(python38, str(tmp_path / "venv38"))
+    site = _run([venv_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=str(tmp_path)).strip()
+    # This interpreter's pip (it may be too new to run under 3.8) installs into the 3.8 venv's
+    # site-packages; the venv's own python then runs it (its console script would name this python).
+    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", site, wheel],
+         cwd=str(tmp_path))
+    hangdoc_cmd = [venv_python, "-m", "hangdoc"]
+    _check_verdict(_run(hangdoc_cmd + ["aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
