@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_debug_server(args: argparse.Namespace) -> int:
     """``--debug-server``: exit 0 when every rank's stacks were fetched, 1 when some were not
     (the others are written), 2 when the frontend could not be read."""
+    import urllib.parse
+
     from hangdoc import debug_server
 
     try:
@@ -121,7 +123,7 @@ def _run_debug_server(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     if args.output == "-":
         raise UsageError("--debug-server writes a directory (-o DIR), not stdout")
-    host = url.split("://", 1)[1].rsplit(":", 1)[0].strip("[]").replace(":", "_")
+    host = (urllib.parse.urlsplit(url).hostname or "host").replace(":", "_")  # an IPv6 address too
     out = args.output or f"debug-server-{host}"
     timeout = args.timeout if args.timeout is not None else debug_server.DEFAULT_TIMEOUT
     try:
