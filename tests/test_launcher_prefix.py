@@ -84,8 +84,11 @@ def test_torchrun_tee_and_plain_one_prefix_each_and_the_table_shows_the_script()
     # no --tee: hangdoc's "[host:1] " alone, without torch's "[rank1]: " after it
     assert re.search(r"^\[[^\]]+:1\] RuntimeError: rank 1 gave up$", plain_out, re.M), plain_out[-4000:]
     assert "[rank1]:" not in plain_out and "[rank1]:" not in teed_out
+    # get_logger's own [host:rank] tag is left out where a prefix names the rank already
+    assert re.search(r"^\[default1\]:\d{4}-\d\d-\d\d [\d:,]+ INFO train: step on rank 1$", teed_out, re.M), teed_out[-3000:]
+    assert re.search(r"^\[[^\]]+:1\] \d{4}-\d\d-\d\d [\d:,]+ INFO train: step on rank 1$", plain_out, re.M), plain_out[-3000:]
     # torchrun's failure table: the script's traceback, not "To enable traceback see ..."
     for out in (teed_out, plain_out):
         table = out[out.index("Root Cause (first observed failure):"):]
-        assert "failing_script.py\", line 5, in step" in table and "RuntimeError: rank 1 gave up" in table, table
+        assert "failing_script.py\", line 7, in step" in table and "RuntimeError: rank 1 gave up" in table, table
         assert "To enable traceback see" not in table
