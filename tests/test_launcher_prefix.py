@@ -20,21 +20,20 @@ def test_missing_parts_by_template_and_nodes():
     assert launcher_prefix.missing_template("[${role_name}]:", one) == "[{host}:{rank}] "
 
 
-def _choose_in_child(tmp_path, redirect_fds, extra_env):
-    """choose() in a process whose fds in ``redirect_fds`` go to torchelastic-style log files."""
+def _in_child(tmp_path, redirect_fds, extra_env, expression="choose((1, 2))"):
+    """repr(expression) in a process whose fds in ``redirect_fds`` go to torchelastic-style log files."""
     rank_dir = tmp_path / "run_x" / "attempt_0" / "1"
-    rank_dir.mkdir(parents=True)
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    r, w = os.pipe()
     code = ("import os, sys\n"
             "from hangdoc.runtime.launcher_prefix import choose\n"
             f"for fd in {tuple(redirect_fds)!r}:\n"
             "    name = {1: 'stdout.log', 2: 'stderr.log'}[fd]\n"
             f"    f = os.open(os.path.join({str(rank_dir)!r}, name), os.O_WRONLY | os.O_CREAT, 0o600)\n"
             "    os.dup2(f, fd)\n"
-            f"os.write(3, repr(choose((1, 2))).encode())\n")
-    r, w = os.pipe()
-    env = dict(os.environ, TORCHELASTIC_ERROR_FILE=str(rank_dir / "error.json"), **extra_env)
-    proc = subprocess.Popen([sys.executable, "-c", code.replace("os.write(3,", f"os.write({w},")], env=env,
-                            pass_fds=(w,), stdin=subprocess.DEVNULL)
+            f"os.write({w}, repr({expression}).encode())\n")
+    env = dict(os.environ, TORCHELASTIC_ERROR_FILE=str(rank_dir / "error.json"), PYTHONPATH=ROOT, **extra_env)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(w,), stdin=subprocess.DEVNULL)
     os.close(w)
     out = os.read(r, 4096).decode()
     os.close(r)
@@ -43,24 +42,24 @@ def _choose_in_child(tmp_path, redirect_fds, extra_env):
 
 
 def test_choose_leaves_teed_streams_of_one_node_alone(tmp_path):
-    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "PYTHONPATH": ROOT}
-    assert _choose_in_child(tmp_path, (1, 2), env) == "('[{host}:{rank}] ', ())"
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert _in_child(tmp_path, (1, 2), env) == "('[{host}:{rank}] ', ())"
 
 
 def test_choose_prefixes_the_stream_torchrun_does_not(tmp_path):
-    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "PYTHONPATH": ROOT}
-    assert _choose_in_child(tmp_path, (1,), env) == "('[{host}:{rank}] ', (2,))"
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    assert _in_child(tmp_path, (1,), env) == "('[{host}:{rank}] ', (2,))"
 
 
 def test_choose_adds_host_and_rank_across_nodes(tmp_path):
-    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "PYTHONPATH": ROOT}
-    assert _choose_in_child(tmp_path, (1, 2), env) == "('[{host}:{rank}] ', (1, 2))"
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert _in_child(tmp_path, (1, 2), env) == "('[{host}:{rank}] ', (1, 2))"
 
 
 def test_choose_with_a_rank_template_adds_only_the_host(tmp_path):
-    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "PYTHONPATH": ROOT,
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:"}
-    assert _choose_in_child(tmp_path, (1, 2), env) == "('[{host}] ', (1, 2))"
+    assert _in_child(tmp_path, (1, 2), env) == "('[{host}] ', (1, 2))"
 
 
 def _rank1_traceback_lines(output):
@@ -92,3 +91,10 @@ def test_torchrun_tee_and_plain_one_prefix_each_and_the_table_shows_the_script()
         table = out[out.index("Root Cause (first observed failure):"):]
         assert "failing_script.py\", line 7, in step" in table and "RuntimeError: rank 1 gave up" in table, table
         assert "To enable traceback see" not in table
+
+
+def test_exchange_messages_drop_their_tag_where_torchrun_names_the_rank(tmp_path):
+    one = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+    expression = "__import__('hangdoc.runtime.exchange', fromlist=['_prefix'])._prefix(__import__('hangdoc.runtime.identity', fromlist=['identity']).identity())"
+    assert _in_child(tmp_path, (1, 2), one, expression) == "''"
+    assert re.fullmatch(r"'\[[^\]]+:1\] '", _in_child(tmp_path, (), one, expression))
