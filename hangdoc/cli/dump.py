@@ -28,10 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--native", action="store_true", help="py-spy --native: C/C++ frames too")
     parser.add_argument("--locals", action="store_true", help="py-spy --locals: local variables of each frame")
     parser.add_argument("--nonblocking", action="store_true", help="py-spy --nonblocking: do not pause the processes")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds per process for py-spy/gdb (default 10)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="seconds per process for py-spy/gdb (default 10); with --debug-server, per request (default 75)")
     parser.add_argument("--no-signal", action="store_true", help="never signal hangdoc-wrapped processes for a faulthandler dump")
     parser.add_argument("--no-gdb", action="store_true", help="never fall back to gdb")
     parser.add_argument("--py-spy", metavar="PATH", help="the py-spy executable (default: from PATH)")
+    parser.add_argument("--debug-server", metavar="HOST[:PORT]",
+                        help="instead of this node's processes, fetch every rank's stacks and Flight Recorder entries from "
+                             "torch's debug server (start_debug_server(); its frontend on rank 0, port 25999 by default) "
+                             "into the directory -o (default: debug-server-HOST/)")
     parser.add_argument("-o", "--output", metavar="FILE",
                         help="output file, '-' for stdout (default: trace-{host}.out); its directory is checked before "
                              "dumping (exit 2 if it cannot be written there); should the write still fail after the "
@@ -64,8 +69,12 @@ def run(args: argparse.Namespace) -> int:
     from hangdoc.atomic import write_atomic
     from hangdoc.tags import EXITED_PREFIX
 
-    if args.timeout <= 0:
+    if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be > 0")
+    if args.debug_server is not None:
+        return _run_debug_server(args)
+    if args.timeout is None:
+        args.timeout = 10.0
     if not os.path.isdir("/proc/self"):
         raise UsageError("hangdoc dump reads /proc, which this system does not have (Linux only)")
     out = None if args.output == "-" else (args.output or collect.default_output())
@@ -99,3 +108,33 @@ def run(args: argparse.Namespace) -> int:
     print(f"hangdoc dump: {len(procs)} process{'es' if len(procs) != 1 else ''} -> {os.path.abspath(out)}"
           + (f" ({', '.join(notes)})" if notes else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _run_debug_server(args: argparse.Namespace) -> int:
+    """``--debug-server``: exit 0 when every rank's stacks were fetched, 1 when some were not
+    (the others are written), 2 when the frontend could not be read."""
+    import urllib.parse
+
+    from hangdoc import debug_server
+
+    try:
+        url = debug_server.parse_address(args.debug_server)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.output == "-":
+        raise UsageError("--debug-server writes a directory (-o DIR), not stdout")
+    host = (urllib.parse.urlsplit(url).hostname or "host").replace(":", "_")  # an IPv6 address too
+    out = args.output or f"debug-server-{host}"
+    timeout = args.timeout if args.timeout is not None else debug_server.DEFAULT_TIMEOUT
+    try:
+        fetched = debug_server.fetch(args.debug_server, timeout=timeout)
+        paths, missing = debug_server.write(fetched, out)
+    except debug_server.DebugServerError as e:
+        print(f"hangdoc dump: {e}", file=sys.stderr)
+        return 2
+    for line in fetched.problems + missing:
+        print(f"hangdoc dump: {line}", file=sys.stderr)
+    got = sum(1 for s in fetched.stacks if s.error is None)
+    print(f"hangdoc dump: stacks of {got} of {len(fetched.stacks)} ranks from {url}, {len(paths)} files -> "
+          f"{os.path.abspath(out)} (hangdoc aggregate {out})", file=sys.stderr)
+    return 0 if got == len(fetched.stacks) else 1

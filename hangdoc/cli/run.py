@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt as e:
             # Ctrl-C: the traceback Python shows (where the script was), then death by SIGINT
             e.with_traceback(_strip_wrapper_frames(e.__traceback__))
-            sys.excepthook(type(e), e, e.__traceback__)
+            _excepthook()(type(e), e, e.__traceback__)
             interrupted.append(True)
             raise SystemExit(130) from None
         except Exception as e:
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             # without hangdoc's and runpy's frames in front of it. Exit status 1, as Python's.
             # (the default hook prints e.__traceback__, not its tb argument: set both)
             e.with_traceback(_strip_wrapper_frames(e.__traceback__))
-            sys.excepthook(type(e), e, e.__traceback__)
+            _excepthook()(type(e), e, e.__traceback__)
+            _record_for_torchelastic(e)
             raise SystemExit(1) from None
 
     interrupted: list = []
@@ -151,3 +152,44 @@ def _strip_wrapper_frames(tb):
     while first is not None and first.tb_frame.f_code.co_filename.startswith(skip):
         first = first.tb_next
     return first if first is not None else tb
+
+
+def _excepthook():
+    """``sys.excepthook``, less the ``[rankN]: `` that torch's (installed by init_process_group)
+    puts on each traceback line where every line carries the rank already (hangdoc's prefix, or
+    torchrun's on one node): ``[vm:1] [rank1]: Traceback`` was the rank twice."""
+    from hangdoc.runtime.launcher_prefix import rank_shown
+
+    hook = sys.excepthook
+    if getattr(hook, "__name__", "") != "_distributed_excepthook" or \
+            getattr(hook, "__module__", "") != "torch.distributed.distributed_c10d":
+        return hook
+    try:
+        inner = hook.__closure__[hook.__code__.co_freevars.index("old_hook")].cell_contents  # type: ignore[index]
+    except (AttributeError, ValueError, IndexError, TypeError):
+        return hook  # another torch: keep its hook rather than guess
+    return inner if callable(inner) and rank_shown(2) else hook
+
+
+def _record_for_torchelastic(e: BaseException) -> None:
+    """Under torchrun, leave the script's exception in the rank's ``TORCHELASTIC_ERROR_FILE``, as
+    torch's ``@record`` does, so torchrun's failure table shows the script's traceback and error
+    (its title names the launched entrypoint, ``hangdoc`` for ``-m hangdoc``: torchrun builds it from
+    its own command line, out of the rank's reach). A file already there (the script's own
+    ``@record``) is kept."""
+    import json
+    import time
+    import traceback
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": {
+        "py_callstack": "".join(traceback.format_exception(type(e), e, e.__traceback__)),
+        "timestamp": str(int(time.time()))}}}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError:
+        return
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)

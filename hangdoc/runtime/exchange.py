@@ -422,10 +422,15 @@ def verdict(report: Any, ranks: List[int], world: int, since: float, path: str, 
 
 
 def _prefix(ident: Any) -> str:
-    # Under hangdoc's fd-level prefixing the lines get their prefix on the way out already.
+    # Under hangdoc's fd-level prefixing the lines get their prefix on the way out already; under
+    # torchrun's --tee on one node, its own prefix names the rank.
     prefix = sys.modules.get("hangdoc.runtime.prefix")
     try:
         if prefix is not None and prefix.active():
+            return ""
+        from hangdoc.runtime.launcher_prefix import rank_shown
+
+        if rank_shown(2):
             return ""
     except Exception:
         pass

@@ -37,7 +37,8 @@ class RankFilter(logging.Filter):
 
 
 class RankFormatter(logging.Formatter):
-    """``[host:rank] time LEVEL name: message``, without the tag while output is prefixed anyway."""
+    """``[host:rank] time LEVEL name: message``, without the tag while output is prefixed anyway
+    (by hangdoc, or by torchrun's ``--tee`` where that names the rank)."""
 
     TAGGED = "[%(host)s:%(rank)s] %(asctime)s %(levelname)s %(name)s: %(message)s"
     PLAIN = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -47,9 +48,9 @@ class RankFormatter(logging.Formatter):
         self._plain = logging.Formatter(self.PLAIN)
 
     def format(self, record: logging.LogRecord) -> str:
-        from hangdoc.runtime import prefix
+        from hangdoc.runtime import launcher_prefix, prefix
 
-        if prefix.active() or not hasattr(record, "rank"):
+        if prefix.active() or not hasattr(record, "rank") or launcher_prefix.rank_shown(2):
             return self._plain.format(record)
         return super().format(record)
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 __all__ = ["wrap", "Helpers"]
 
@@ -182,9 +182,15 @@ class Helpers:
             warnings.warn(f"hangdoc: {what} not started ({type(e).__name__}: {e}); running without it", RuntimeWarning, stacklevel=4)
 
     def _start_prefix(self, template: Optional[str]) -> None:
+        from hangdoc.runtime import launcher_prefix
         from hangdoc.runtime.prefix import prefix_output
 
-        self.restore_prefix = prefix_output(template)
+        fds: Tuple[int, ...] = (1, 2)
+        if template is None and not os.environ.get("HANGDOC_PREFIX_TEMPLATE"):
+            template, fds = launcher_prefix.choose(fds)  # only what torchrun's own prefix lacks
+        if fds:
+            self.restore_prefix = prefix_output(template, fds=fds)
+            launcher_prefix.note_prefix(template or os.environ.get("HANGDOC_PREFIX_TEMPLATE") or launcher_prefix.DEFAULT_TEMPLATE, fds)
 
     def _start_watchdog(self, hang_timeout: float, out_dir: str, dump_signal: Any, record: bool) -> None:
         from hangdoc.runtime import watchdog
