@@ -61,6 +61,8 @@ def _section(text: str) -> Optional[Identity]:
     if m is None:
         return None
     addr = m.group(2) or ""
+    if "://" in addr:  # the debug server names each rank by its worker's URL
+        addr = addr.split("://", 1)[1].split("/", 1)[0]
     host = addr.rsplit(":", 1)[0] if ":" in addr else (addr or None)
     if host is not None and host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
@@ -171,7 +173,9 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         ctx.error(last, "file ends in the middle of a line (cut off?)")
         if emitted:
             lastp = max((p for _, p in emitted), key=lambda p: p.source_line)
-            if lastp.status == STATUS_OK:
+            # a dump cut short says the dumper (or the process) died while it wrote; a traceback
+            # cut short in a log only says the log was: the file is truncated, not the process
+            if lastp.status == STATUS_OK and lastp.format not in ("traceback", _c10.FORMAT):
                 lastp.status = STATUS_TRUNCATED
                 lastp.status_detail = "the dump ends in the middle of a line"
 

@@ -1,0 +1,68 @@
+"""Console-log shapes read from real captures: the debug server's periodic stacks (ranks from its
+section headers), py-spy dumps behind a pdsh prefix, C++ backtraces joining the process they belong
+to, headerless traceback fragments, and a log truncated mid-line reported as a truncated source."""
+
+import os
+
+from hangdoc.readers import read_paths, read_text
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.path.join(HERE, "fixtures")
+
+
+def test_debug_server_stacks_take_their_ranks_from_the_section_headers():
+    job = read_paths([os.path.join(FIX, "debug_server", "periodic_stacks.txt")])
+    assert sorted((p.rank, p.host) for p in job.processes) == [(0, "vm"), (1, "vm"), (2, "vm"), (3, "vm")]
+    tops = {p.rank: p.main_thread.top.function for p in job.processes}
+    assert tops[0] == "broadcast" and {tops[1], tops[2], tops[3]} == {"all_reduce"}
+
+
+def test_py_spy_dumps_behind_a_pdsh_prefix(tmp_path):
+    out = tmp_path / "pdsh.out"
+    with open(out, "w") as f:
+        for node in ("node1", "node2"):
+            with open(os.path.join(FIX, "dumps", "skip_broadcast", "plain", f"trace-{node}.out")) as src:
+                f.writelines(f"{node}: {line}" for line in src)
+    job = read_paths([str(out)])
+    assert sorted((p.host, p.pid) for p in job.processes) == [("node1", 12610), ("node1", 12611),
+                                                               ("node2", 12612), ("node2", 12613)]
+    assert all(p.main_thread.frames for p in job.processes) and not job.errors
+
+
+def test_cxx_backtraces_join_the_rank_that_printed_them():
+    # the NCCL DataLoader capture: rank 0's DistBackendError traceback, then the watchdog's
+    # unprefixed c10 backtraces: one process, the C++ frames a thread of it
+    job = read_paths([os.path.join(FIX, "gpu", "nccl_dataloader_deadlock", "log.txt")])
+    (r0,) = [p for p in job.processes if p.rank == 0]
+    names = [t.name for t in r0.threads]
+    assert names[0] == "MainThread" and names.count("c10::Error (native)") == 3
+    assert r0.meta["raised_from"].startswith("checkTimeout at ")
+
+
+def test_a_traceback_fragment_without_its_header():
+    job = read_text('[rank2]:   File "/w/train.py", line 12, in step\n[rank2]:     dist.all_reduce(t)\n'
+                    '[rank2]: RuntimeError: Socket Timeout\n')
+    (p,) = job.processes
+    assert p.rank == 2 and p.meta["fragment"] and p.main_thread.top.function == "step"
+    assert p.meta["exception"] == "RuntimeError: Socket Timeout" and not job.errors
+
+
+def test_a_log_cut_mid_line_is_a_truncated_source_not_a_hung_process(tmp_path):
+    src = os.path.join(FIX, "gpu", "nccl_skip_broadcast", "log.txt")
+    with open(src, "rb") as f:
+        data = f.read()
+    cut = tmp_path / "cut.log"
+    cut.write_bytes(data[:data.index(b"Watchdog caught") + 40])  # inside rank 1's timeout line
+    job = read_paths([str(cut)])
+    (s,) = job.sources
+    assert s.truncated and any("cut off" in e.message for e in s.errors)
+    assert all(p.status != "unresponsive" for p in job.processes)
+
+
+def test_a_traceback_cut_off_at_the_end_of_a_log_leaves_its_rank_unblamed(tmp_path):
+    cut = tmp_path / "console.log"
+    cut.write_text('[rank1]: Traceback (most recent call last):\n[rank1]:   File "/w/train.py", line 9, in <module>\n'
+                   '[rank1]:     dist.barri')
+    job = read_paths([str(cut)])
+    assert job.sources[0].truncated
+    assert [p.status for p in job.processes] == ["ok"]
