@@ -66,3 +66,27 @@ def test_a_traceback_cut_off_at_the_end_of_a_log_leaves_its_rank_unblamed(tmp_pa
     job = read_paths([str(cut)])
     assert job.sources[0].truncated
     assert [p.status for p in job.processes] == ["ok"]
+
+
+def test_a_hand_collapsed_py_spy_listing_is_one_process_per_header():
+    # what people paste: the headers of the ranks that share a stack, then the stack once
+    job = read_text('Thread 4101 (idle): "MainThread"\nThread 4102 (idle): "MainThread"\n'
+                    '    all_reduce (torch/distributed/distributed_c10d.py:2501)\n    main (train.py:40)\n'
+                    'Thread 4103 (idle): "MainThread"\n    broadcast (torch/distributed/distributed_c10d.py:2100)\n'
+                    '    main (train.py:38)\n')
+    tops = {p.pid: p.main_thread.top.function for p in job.processes}
+    assert tops == {4101: "all_reduce", 4102: "all_reduce", 4103: "broadcast"}
+
+
+def test_periodic_debug_server_dumps_are_snapshots_of_one_job(tmp_path):
+    src = os.path.join(FIX, "debug_server", "periodic_stacks.txt")
+    with open(src) as f:
+        text = f.read()
+    (tmp_path / "stacks_20260101_100000.txt").write_text(text.replace("line 28 in main", "line 27 in main"))
+    (tmp_path / "stacks_20260101_100100.txt").write_text(text)
+    job = read_paths([str(tmp_path)])
+    assert sorted(p.rank for p in job.processes) == [0, 1, 2, 3]
+    (r0,) = [p for p in job.processes if p.rank == 0]
+    # the newest dump is the state; rank 0's stack differed in the earlier one: it was moving
+    assert r0.source.endswith("100100.txt") and r0.meta["snapshots"] == 2 and r0.meta["moved"]
+    assert not any(p.meta.get("moved") for p in job.processes if p.rank != 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from typing import Dict, List, Optional, Set, Tuple
 
 from hangdoc.model import (
@@ -210,8 +211,33 @@ def _merge_duplicates(job: Job) -> None:
                 q.meta.setdefault("exception", p.meta["exception"])
                 q.meta.setdefault("exception_at", f"{p.source}:{p.source_line}")
                 drop.add(id(p))
+    _merge_snapshots(job, drop)
     if drop:
         job.processes[:] = [p for p in job.processes if id(p) not in drop]
+
+
+#: formats that are a snapshot of a live process (a log's traceback is not)
+_SNAPSHOT_FORMATS = {"faulthandler", "py-spy", "py-spy-json", "pystack", "gdb"}
+
+
+def _merge_snapshots(job: Job, drop: Set[int]) -> None:
+    """Periodic dumps of one job (the debug server's ``stacks_<ts>.txt``, a watchdog that dumped
+    twice) name ranks but no pids: one rank's processes from several files are snapshots of one
+    process. The newest file (names sort by their time stamps) is the state; an earlier stack that
+    differs says the rank was moving (``meta["moved"]``)."""
+    by_rank: Dict[Tuple[Optional[str], int], List[Process]] = {}
+    for p in job.processes:
+        if (p.pid is None and p.rank is not None and p.role != ROLE_WORKER and p.format in _SNAPSHOT_FORMATS
+                and id(p) not in drop):
+            by_rank.setdefault((p.host, p.rank), []).append(p)
+    for same in by_rank.values():
+        if len({p.source for p in same}) < 2:
+            continue
+        keep = max(same, key=lambda p: (os.path.basename(p.source), p.source, p.source_line))
+        keep.meta["snapshots"] = len(same)
+        if len({_python_stack(p) for p in same if p.status == STATUS_OK}) > 1:
+            keep.meta["moved"] = True
+        drop.update(id(p) for p in same if p is not keep)
 
 
 def _short_host(host: str) -> str:

@@ -238,6 +238,9 @@ class PySpyParser(BlockParser):
     def _finish(self) -> None:
         """The current process is complete: keep it (or drop it when it is no py-spy output)."""
         self._end_thread()
+        if not self._seen_header and not self._error_lines and sum(t.name == "MainThread" for t in self.threads) > 1:
+            self._split_collapsed()
+            return
         p = self.process
         p.threads = self.threads
         if self._error_lines:
@@ -272,6 +275,32 @@ class PySpyParser(BlockParser):
                 if p.pid is not None and t.ident == str(p.pid):
                     t.is_main = True
         self._done.append(p)
+
+    def _split_collapsed(self) -> None:
+        """Several ``Thread N (idle): "MainThread"`` headers and no ``Process`` line: a listing
+        someone collapsed by hand, one header per process (a process has one main thread)."""
+        for t in _collapsed(self.threads):
+            p = Process(format=FORMAT, source_line=self.process.source_line)
+            p.pid = int(t.ident) if t.ident.isdigit() else None
+            p.threads = [Thread(ident=t.ident, name=t.name, frames=t.frames, state=t.state, is_main=True)]
+            p.meta["collapsed"] = True
+            self._done.append(p)
+
+
+def _collapsed(threads: List[Thread]) -> List[Thread]:
+    """Threads of a hand-collapsed listing, each header with the stack printed under the next
+    header that has one (several headers over one stack: every one of them waits there)."""
+    out: List[Thread] = []
+    pending: List[Thread] = []
+    for t in threads:
+        if not t.frames:
+            pending.append(t)
+            continue
+        for q in pending:
+            out.append(Thread(ident=q.ident, name=q.name, frames=t.frames, state=q.state, is_main=q.is_main))
+        pending = []
+        out.append(t)
+    return out + pending
 
 
 def _with_locals(frame: Frame, pairs: List[Tuple[str, str]]) -> Frame:
