@@ -221,6 +221,7 @@ EVENT_KINDS = (
     "heartbeat",       # the heartbeat monitor: a dump signal, a stuck watchdog
     "root-cause",      # torchrun's "Root Cause (first observed failure)" row
     "missing",         # fr_trace: ranks that did not join a collective the others issued
+    "divergence",      # hangdoc run --detect: the in-job divergence verdict (divergence.json)
 )
 
 

@@ -90,3 +90,16 @@ def test_periodic_debug_server_dumps_are_snapshots_of_one_job(tmp_path):
     # the newest dump is the state; rank 0's stack differed in the earlier one: it was moving
     assert r0.source.endswith("100100.txt") and r0.meta["snapshots"] == 2 and r0.meta["moved"]
     assert not any(p.meta.get("moved") for p in job.processes if p.rank != 0)
+
+
+def test_the_detectors_divergence_json_is_aggregated():
+    # captured on 2 GPUs (tests/fixtures/detect/gpu): rank 1 skipped a broadcast; two ranks, so
+    # the detector named the higher rank and the aggregate names both sides
+    from hangdoc.analysis.diagnose import diagnose
+    from hangdoc.analysis.grouping import build_report
+
+    job = read_paths([os.path.join(FIX, "detect", "gpu", "divergence.json")])
+    report = build_report(job, "function+line")
+    top = diagnose(report)[0]
+    assert top.kind == "collective-mismatch" and sorted(c.rank for c in top.culprits) == [0, 1]
+    assert "no majority" in top.summary and any("nccl_silent_skip.py:56" in e for e in top.evidence)

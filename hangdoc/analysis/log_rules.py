@@ -103,9 +103,43 @@ def findings(report: Report) -> List[Finding]:
         return []
     out: List[Finding] = []
     out.extend(_detail(events))
+    out.extend(_divergence(events))
     out.extend(_fr_missing(events))
     out.extend(_timeouts(events, report))
     out.extend(_failed(events))
+    return out
+
+
+# --- hangdoc run --detect -------------------------------------------------------------------------------
+
+
+def _side(entry) -> str:
+    if isinstance(entry, list) and len(entry) >= 3:
+        return f"{entry[1]} at {entry[2]}"
+    return "(not in its recent window)"
+
+
+def _divergence(events: List[LogEvent]) -> List[Finding]:
+    out: List[Finding] = []
+    for e in [x for x in events if x.kind == "divergence" and x.fields.get("deviants")][:4]:
+        f = e.fields
+        dev, agree = list(f["deviants"]), list(f.get("agreeing") or [])
+        where = f"collective #{f.get('index')}" + ("" if f.get("exact", True) else " or earlier") + f" of {f.get('group')}"
+        lines = [f"{_who(dev)}: {_side(f.get('deviant'))}", f"{_who(agree)}: {_side(f.get('expected'))}", _cite(e)]
+        if f.get("basis") == "tie":
+            both = sorted(set(dev) | set(agree))
+            out.append(Finding("collective-mismatch",
+                               f"{_who(dev)} and {_who(agree)} issued different collectives at {where} "
+                               "(hangdoc --detect; two sides, no majority: either may be the wrong one)",
+                               [Culprit(rank=r) for r in both], _cap(lines),
+                               ["Compare both call sites; the in-job detector named the higher rank only because "
+                                "it must name one."], 0.7))
+        else:
+            out.append(Finding("collective-mismatch", f"{_who(dev)} diverged from the other ranks at {where} "
+                               f"(hangdoc --detect{', pattern' if f.get('basis') == 'pattern' else ''})",
+                               [Culprit(rank=r) for r in dev], _cap(lines),
+                               [f"Look at {_side(f.get('deviant'))} on {_who(dev)}: a rank-dependent branch "
+                                "issued it instead of the others' collective."], 0.88))
     return out
 
 

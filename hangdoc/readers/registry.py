@@ -136,7 +136,7 @@ def markers_re():
 ANCHORS: Tuple[bytes, ...] = (
     b"hread", b"rocess", b"Traceback", b'File "', b"rror", b"atchdog", b"Stack", b"=== Rank", b"frame #",
     b"# hangdoc", b"by peer", b"Timed out", b"ssertion", b"joining collective", b"illegal memory",
-    b"xception", b"Interrupt", b"Failures:", b"Root Cause", b"by PID",
+    b"xception", b"Interrupt", b"Failures:", b"Root Cause", b"by PID", b'"divergence"',
 )
 
 
