@@ -264,3 +264,12 @@ def test_records_alone_make_a_report():
     doc = json.loads(out)
     assert doc["processes"] == 0 and doc["groups"] == [] and sum(s["records"] for s in doc["sources"]) > 0
     assert doc["findings"]
+
+
+def test_an_unreadable_file_among_good_ones_is_warned_about_on_stderr(tmp_path):
+    empty = tmp_path / "trace-node9.out"
+    empty.write_text("")
+    rc, out, err = hangdoc(os.path.join(DUMPS, "skip_broadcast", "plain", "trace-node1.out"), str(tmp_path / "gone.out"),
+                           str(empty))
+    assert rc == 0 and "gone.out:0: no such file or directory" in err and "trace-node9.out:0: empty file" in err
+    assert err.count("warning:") == 2

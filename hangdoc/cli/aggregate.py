@@ -78,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
             first = f"; first: {errors[0]}" if errors else ""
             n = len(job.sources)
             raise UsageError(f"nothing readable in {', '.join(args.paths)} ({n} file{'s' if n != 1 else ''}, {len(errors)} parse error{'s' if len(errors) != 1 else ''}{first})")
+        _warn_unread(job)
         progress.stage(f"analysing {len(job.processes)} processes")
         from hangdoc.analysis import analyse
 
@@ -280,6 +281,21 @@ class ParallelRead:
                     pass
         finish_job(job, self.rank_map)
         return job
+
+
+#: unreadable files named one by one on stderr before the rest are counted
+MAX_WARNINGS = 20
+
+
+def _warn_unread(job) -> None:
+    """A file that could not be read at all (missing, unreadable, not a file, nothing in it) among
+    good ones is said on stderr at once, not only counted at the end of the report."""
+    bad = [e for s in job.sources for e in s.errors[:1] if (e.line == 0 or not (s.processes or s.records or s.events))
+           and s.path != "rank map"]
+    for e in bad[:MAX_WARNINGS]:
+        print(f"hangdoc aggregate: warning: {e}", file=sys.stderr)
+    if len(bad) > MAX_WARNINGS:
+        print(f"hangdoc aggregate: warning: … and {len(bad) - MAX_WARNINGS} more files not read", file=sys.stderr)
 
 
 def _process_fields() -> List[str]:
