@@ -103,3 +103,23 @@ def test_the_detectors_divergence_json_is_aggregated():
     top = diagnose(report)[0]
     assert top.kind == "collective-mismatch" and sorted(c.rank for c in top.culprits) == [0, 1]
     assert "no majority" in top.summary and any("nccl_silent_skip.py:56" in e for e in top.evidence)
+
+
+def test_two_runs_of_a_job_in_one_directory_are_kept_apart(tmp_path):
+    # two real runs of the NCCL skipped-broadcast job (hangdoc's watchdog dumps, different launchers)
+    # copied into one directory, the older one first: the newest run is the evidence, with a warning
+    import shutil
+
+    old = os.path.join(FIX, "gpu", "hangdoc-run3", "nccl_skip_broadcast", "watchdog")
+    new = os.path.join(FIX, "gpu", "hangdoc-run", "nccl_skip_broadcast", "watchdog")
+    for i, d in enumerate((old, new)):
+        for name in os.listdir(d):
+            if name.startswith("stacks-"):
+                dst = tmp_path / name
+                shutil.copy(os.path.join(d, name), dst)
+                os.utime(dst, (1_700_000_000 + i * 3600,) * 2)
+    job = read_paths([str(tmp_path)])
+    ranks = sorted(p.rank for p in job.processes if p.role == "rank")
+    assert ranks == [0, 1] and {p.pid for p in job.processes if p.role == "rank"} == {907, 908}
+    (warn,) = [e for e in job.errors if e.source == "evidence"]
+    assert "2 runs of a job" in warn.message and "kept the newest" in warn.message and "1018" in warn.message

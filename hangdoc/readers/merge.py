@@ -131,6 +131,7 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
 
     _unify_file_names(job.processes)
     _merge_duplicates(job)
+    _one_job(job)
     join_events(job)
 
     sizes = [p.meta["world_size"] for p in job.processes if isinstance(p.meta.get("world_size"), int)]
@@ -214,6 +215,53 @@ def _merge_duplicates(job: Job) -> None:
     _merge_snapshots(job, drop)
     if drop:
         job.processes[:] = [p for p in job.processes if id(p) not in drop]
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _one_job(job: Job) -> None:
+    """Dumps of two runs in one directory (yesterday's hang left beside today's) have two live
+    processes for a rank. They are told apart by the launcher that started them (the ``ppid`` of the
+    tag lines, per host) or else by the files' times; the newest run is kept, with its records, and
+    the evidence says so (one line on stderr) instead of merging two runs into one verdict."""
+    ranked = [p for p in job.processes if p.rank is not None and p.pid is not None
+              and p.role not in (ROLE_WORKER, ROLE_LAUNCHER) and p.format != "log"]
+    per_rank: Dict[int, Set[Tuple[Optional[str], int]]] = {}
+    for p in ranked:
+        per_rank.setdefault(p.rank, set()).add((p.host, p.pid))  # type: ignore[arg-type]
+    if not any(len(v) > 1 for v in per_rank.values()):
+        return
+    if all(p.ppid is not None for p in ranked):
+        key = {id(p): ("launcher", p.host, p.ppid) for p in ranked}
+    else:
+        # no launcher pid: one run per file time (to the second)
+        key = {id(p): ("files", int(_mtime(p.source))) for p in ranked}
+    runs: Dict[Tuple, List[Process]] = {}
+    for p in ranked:
+        runs.setdefault(key[id(p)], []).append(p)
+    if len(runs) < 2 or any(len({p.rank for p in ps}) != len(ps) for ps in runs.values()):
+        return  # the keys do not separate the runs: leave the evidence as it is
+    newest = max(runs, key=lambda k: (max(_mtime(p.source) for p in runs[k]), len(runs[k])))
+    gone = {(p.host, p.pid) for k, ps in runs.items() if k != newest for p in ps}
+    keep = runs[newest]
+    job.processes[:] = [p for p in job.processes if (p.host, p.pid) not in gone
+                        and not (p.role == ROLE_WORKER and (p.host, p.ppid) in gone)]
+    job.records[:] = [r for r in job.records if (r.host, r.pid) not in gone]
+    from hangdoc.ranges import describe_ranks
+
+    others = "; ".join(f"{describe_ranks(sorted({p.rank for p in ps}))} with pids "
+                       f"{', '.join(str(p.pid) for p in sorted(ps, key=lambda q: q.rank)[:4])}"
+                       + ("…" if len(ps) > 4 else "") for k, ps in runs.items() if k != newest)
+    src = Source("evidence")
+    src.errors.append(ParseError(src.path, 0, f"{len(runs)} runs of a job are in the evidence: kept the newest "
+                                 f"({describe_ranks(sorted({p.rank for p in keep}))}, pids from {min(p.pid for p in keep)}); "
+                                 f"left out {others}: give one run's files to see another"))
+    job.sources.append(src)
 
 
 #: formats that are a snapshot of a live process (a log's traceback is not)
