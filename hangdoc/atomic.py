@@ -13,14 +13,16 @@ import os
 import stat
 import tempfile
 import threading
-from typing import Union
+from typing import Optional, Union
 
 
-def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
+def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes], mode: Optional[int] = None) -> None:
     """Write to a temporary file in the same directory, fsync, then rename over ``path``.
 
     The file gets the mode a plain ``open(path, "w")`` would give it: an existing file keeps its
-    mode, a new one gets ``0o666`` less the umask (``mkstemp`` alone would leave it ``0o600``).
+    mode, a new one gets ``0o666`` less the umask (``mkstemp`` alone would leave it ``0o600``);
+    ``mode`` (``0o600`` for stacks that may hold local variables) overrides both: the file is
+    never readable by others, not even for a moment.
 
     >>> import stat, tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "m.txt")
@@ -31,10 +33,11 @@ def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o666 & ~_umask()
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except OSError:
+            mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=".hangdoc-", suffix=".tmp", dir=directory)
     try:
         try:
