@@ -370,7 +370,11 @@ class Watchdog:
 
 def _remove_stale_signal_files(limit: int = 2000) -> None:
     """Signal files of processes that are gone (killed before ``stop``, which removes its own);
-    at most ``limit`` of them looked at."""
+    at most ``limit`` of them looked at. The temp directory is shared: only this user's regular
+    files are touched, and none is ever opened in a way that can block (another user's FIFO named
+    like a signal file would keep this thread, the watchdog, in ``open`` for ever) or follow a link."""
+    import stat
+
     paths = []
     try:
         with os.scandir(tempfile.gettempdir()) as entries:
@@ -381,25 +385,36 @@ def _remove_stale_signal_files(limit: int = 2000) -> None:
                         break
     except OSError:
         return
+    me = os.geteuid()
     for path in paths:
         parts = os.path.basename(path)[len(SIGNAL_FILE_PREFIX):].split("-")
-        pid = next((int(x) for x in parts if x.isdigit()), None)
+        pid = next((int(x) for x in parts if x.isdigit() and len(x) <= 10), None)
         if pid is None or pid == os.getpid():
             continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+            continue  # a FIFO, a link, a device, someone else's file: not ours to open or remove
         try:
             os.kill(pid, 0)
             continue  # alive here
         except ProcessLookupError:
             pass
-        except OSError:
-            continue  # alive, another user's
+        except (OSError, OverflowError):
+            continue  # alive, another user's (or no pid at all)
         # No such pid in this pid namespace; it may still live in another (a container sharing
         # /tmp): its owner holds a lock on the file while it is open.
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NOCTTY", 0))
         except OSError:
             continue
         try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
+                continue  # swapped since the lstat
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             continue  # held: alive somewhere
