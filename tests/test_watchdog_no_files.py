@@ -1,6 +1,7 @@
-"""The diagnosis when no file can be written (issue 20): a real 2-rank gloo job hangs (one rank skips
-a broadcast) with an output directory that is a file, or on a full file system. The watchdog, the
-recorder and the exchange need no files: the verdict is printed all the same, naming the rank."""
+"""The diagnosis when files or the store fail (issue 20): a real 2-rank gloo job hangs (one rank
+skips a broadcast) with an output directory that is a file, on a full file system, or with the
+store's host (torchrun) dead. The watchdog, the recorder and the exchange need no files, and a dead
+store hands over to the files at once: the verdict is printed all the same, naming the rank."""
 
 import importlib.util
 import os
@@ -12,7 +13,7 @@ import pytest
 
 from hangdoc import examples
 from hangdoc.cli.demo import stop_job
-from hangdoc.proctree import alive
+from hangdoc.proctree import alive, descendants, kill_tree
 from tests.test_watchdog_job import Job
 from tests.procs import torchrun_cmd
 
@@ -74,3 +75,37 @@ def test_a_full_disk_still_gives_the_verdict(tmp_path, full_fs):
     job = _verdict(tmp_path, full_fs)
     assert any("kept in memory for the report" in line for line in job.lines), job.log
     assert not any("Traceback" in line or "OSError" in line for line in job.before_stop), job.log
+
+
+def test_the_store_s_host_dead_gives_the_verdict_from_files_at_the_first_dump(tmp_path):
+    """torchrun serves the store; killed, every store operation fails at once (a broken pipe): the
+    ranks' files take over then, not at the watchdog's re-dump 4x the stall later."""
+    import re
+    import signal
+
+    out = str(tmp_path / "out")
+    job = Job(torchrun_cmd(2, "hangdoc", "--hang-timeout", "2", "--out", out,
+                           examples.copy_to("skip_broadcast", str(tmp_path / "job")), module=True))
+    ranks = []
+    try:
+        assert job.wait_for(r"PROGRESS rank=1 step=1 ", 60), job.log
+        time.sleep(0.3)
+        ranks = descendants(job.proc.pid)  # found now: orphaned, they are nobody's descendants
+        os.kill(job.proc.pid, signal.SIGKILL)  # the ranks live on, in sessions of their own
+        deadline = time.monotonic() + 30  # (job.wait_for stops at the launcher's exit)
+        while not any("hangdoc: full report:" in line for line in job.lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("hangdoc: full report:" in line for line in job.lines), job.log
+    finally:
+        pids = stop_job(job.proc)
+        for pid in ranks:
+            kill_tree(pid)
+        job.proc.wait(10)
+    time.sleep(0.2)
+    assert len(ranks) >= 2 and not [p for p in pids + ranks if alive(p)]
+    hang = [line for line in job.lines if "hangdoc: HANG:" in line]
+    assert len(hang) == 1 and "dumps from ranks 0-1 of 2" in hang[0], job.log
+    # the first dump comes 2 s into the stall, the re-dump at 8 s: the verdict is the first's
+    assert float(re.search(r"no progress for ([\d.]+)s", hang[0]).group(1)) < 6.0, job.log
+    assert any("culprit: rank 1" in line for line in job.lines), job.log
+    assert not any("report failed" in line for line in job.lines), job.log

@@ -125,7 +125,9 @@ def _store_failed() -> None:
 
 
 class StoreTimeout(Exception):
-    """A store operation did not answer in time; the store is not used again."""
+    """A store operation did not answer in time, or failed for the connection's sake (its server
+    is gone: a broken pipe, a reset); the store is not used again and the files take over at once
+    (not at the watchdog's next re-dump, 4x the stall later)."""
 
 
 def bounded_op(store: Any, name: str, *args: Any) -> Any:
@@ -151,6 +153,10 @@ def bounded_op(store: Any, name: str, *args: Any) -> Any:
         raise StoreTimeout(f"store {name} did not answer within {STORE_TIMEOUT + 0.5:g}s")
     ok, value = result[0]
     if not ok:
+        if isinstance(value, (OSError, RuntimeError)) and not isinstance(value, (KeyError, NotImplementedError)):
+            # torch's DistNetworkError / DistStoreError are RuntimeErrors: the store's host is gone
+            _store_failed()
+            raise StoreTimeout(f"store {name} failed: {type(value).__name__}: {value}") from value
         raise value
     return value
 
