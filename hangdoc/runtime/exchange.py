@@ -153,12 +153,27 @@ def bounded_op(store: Any, name: str, *args: Any) -> Any:
         raise StoreTimeout(f"store {name} did not answer within {STORE_TIMEOUT + 0.5:g}s")
     ok, value = result[0]
     if not ok:
-        if isinstance(value, (OSError, RuntimeError)) and not isinstance(value, (KeyError, NotImplementedError)):
-            # torch's DistNetworkError / DistStoreError are RuntimeErrors: the store's host is gone
+        if connection_lost(value):
             _store_failed()
             raise StoreTimeout(f"store {name} failed: {type(value).__name__}: {value}") from value
         raise value
     return value
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether a store operation failed because its server is gone (torch's ``DistNetworkError``, a
+    broken pipe, a reset, a refused connection), not for the one key (a ``get`` that timed out).
+
+        >>> connection_lost(BrokenPipeError()), connection_lost(RuntimeError("Broken pipe")), connection_lost(KeyError("k"))
+        (True, True, False)
+    """
+    if isinstance(error, OSError) or type(error).__name__ == "DistNetworkError":
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(s in text for s in _LOST)
+
+
+_LOST = ("Broken pipe", "Connection reset", "Connection refused", "Connection closed", "connection closed")
 
 
 def _usable(store: Any) -> bool:
