@@ -56,38 +56,31 @@ def _prints(lock):
                           timeout=30, env=env_for({"HANGDOC_PRINTFLOCK_LOCK": lock}))
 
 
-def _hold(lock, how, prefix=()):
-    p = subprocess.Popen(list(prefix) + [sys.executable, "-c", HOLDER, lock, how], stdout=subprocess.PIPE,
-                         start_new_session=True)
-    assert p.stdout.readline().strip() == b"held"
-    return p
-
-
-def test_a_lock_held_by_a_stopped_process_delays_prints_once_then_they_go_without_it(shared):
-    lock = os.path.join(shared, "pf.lock")
-    holder = _hold(lock, "stop")
+def _prints_while_held(lock, how, prefix=()):
+    """20 printflock lines while another process (``prefix``: as another user) holds ``lock``
+    (``how``: "stop" stops itself holding it); (the run, seconds the prints took)."""
+    holder = subprocess.Popen(list(prefix) + [sys.executable, "-c", HOLDER, lock, how], stdout=subprocess.PIPE,
+                              start_new_session=True)
     try:
+        assert holder.stdout.readline().strip() == b"held"
         res = _prints(lock)
     finally:
         kill_tree(holder.pid)
         holder.wait(10)
     assert res.stdout.splitlines() == [f"line {i}" for i in range(20)]
-    took = float(res.stderr.split("took ")[1].split()[0])
+    return res, float(res.stderr.split("took ")[1].split()[0])
+
+
+def test_a_lock_held_by_a_stopped_process_delays_prints_once_then_they_go_without_it(shared):
+    res, took = _prints_while_held(os.path.join(shared, "pf.lock"), "stop")
     assert 0.9 <= took < 3.0, res.stderr  # one wait of LOCK_WAIT (1 s), not one per print
     assert "warnings 1" in res.stderr and "held for more than" in res.stderr, res.stderr
 
 
 def test_another_user_s_lock_file_is_not_used(shared):
     uid, gid, as_attacker = attacker()
-    lock = os.path.join(shared, "pf.lock")
-    holder = _hold(lock, "hold", as_attacker)
-    try:
-        res = _prints(lock)
-    finally:
-        kill_tree(holder.pid)
-        holder.wait(10)
-    assert res.stdout.splitlines() == [f"line {i}" for i in range(20)]
-    assert float(res.stderr.split("took ")[1].split()[0]) < 0.9, res.stderr  # not even waited for
+    res, took = _prints_while_held(os.path.join(shared, "pf.lock"), "hold", as_attacker)
+    assert took < 0.9, res.stderr  # not even waited for
     assert "owned by uid" in res.stderr and "warnings 1" in res.stderr, res.stderr
 
 
