@@ -21,7 +21,8 @@ def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes], mode: O
 
     The file gets the mode a plain ``open(path, "w")`` would give it: an existing file keeps its
     mode, a new one gets ``0o666`` less the umask (``mkstemp`` alone would leave it ``0o600``);
-    ``mode`` (e.g. ``0o600`` for stacks) is used instead where given.
+    ``mode`` (``0o600`` for stacks that may hold local variables) overrides both: the file is
+    never readable by others, not even for a moment.
 
     >>> import stat, tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "m.txt")

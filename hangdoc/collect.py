@@ -27,7 +27,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -36,14 +35,11 @@ from hangdoc.runtime.identity import _LOCAL_RANK_VARS, _RANK_VARS, _WORLD_VARS, 
 from hangdoc.cmdline import PYTHON_NAME as _PYTHON_NAME
 from hangdoc.cmdline import launcher_name, program_of
 from hangdoc.proctree import stat as proc_stat
-from hangdoc.tags import format_exited, format_tag
+from hangdoc.dumpsignal import SIGNAL_WAIT, Attempt, open_signal_file, signal_dump, signal_file  # noqa: F401
+from hangdoc.tags import defang, format_exited, format_tag
 
 #: seconds py-spy / gdb may take on one process
 DEFAULT_TIMEOUT = 10.0
-#: seconds to wait for a hangdoc-wrapped process's faulthandler to write after its signal
-SIGNAL_WAIT = 3.0
-
-_SIGNAL_FILE = re.compile(r"hangdoc-signal-(\d+)-(SIG\w+)-")
 
 
 @dataclass
@@ -322,14 +318,6 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 # -- dumpers -----------------------------------------------------------------------------------
-@dataclass
-class Attempt:
-    ok: bool
-    text: str = ""
-    how: str = ""
-    reason: str = ""
-
-
 def pyspy_dump(pid: int, native: bool = False, locals_: bool = False, nonblocking: bool = False,
                timeout: float = DEFAULT_TIMEOUT, pyspy: Optional[str] = None) -> Attempt:
     exe = pyspy or shutil.which("py-spy")
@@ -374,87 +362,6 @@ def _run(cmd: Sequence[str], timeout: float, how: str) -> Attempt:
         err = stderr.decode("utf-8", "replace").strip().splitlines()
         return Attempt(False, how=how, reason=f"{how} exit {p.returncode}: {err[-1] if err else 'no output'}")
     return Attempt(True, out, how=how)
-
-
-def signal_file(pid: int) -> Optional[tuple]:
-    """(path, signal number) of the faulthandler file of a hangdoc-wrapped process, else None."""
-    fd_dir = f"/proc/{pid}/fd"
-    try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        return None
-    for fd in names:
-        try:
-            target = os.readlink(os.path.join(fd_dir, fd))
-        except OSError:
-            continue
-        m = _SIGNAL_FILE.search(os.path.basename(target))
-        if m and int(m.group(1)) == pid:
-            try:
-                return target, int(getattr(signal, m.group(2)))
-            except AttributeError:
-                return None
-    return None
-
-
-def _signal_unsafe(pid: int, signum: int) -> Optional[str]:
-    """Why sending ``signum`` to ``pid`` could hurt it, from the kernel's own view
-    (``/proc/PID/status``): not caught (the job put the default action back, which ends the process
-    for SIGUSR1), or ignored (faulthandler would never write). None when it is safe. (``SigBlk`` is
-    the main thread's alone: another thread takes a process-directed signal it blocks.)
-
-        >>> _signal_unsafe(os.getpid(), signal.SIGUSR2)  # no handler here: SIGUSR2 would kill us
-        'SIGUSR2 has no handler in the process (it would end it)'
-    """
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            masks = {k: int(v, 16) for k, _, v in (line.partition(":") for line in f)
-                     if k in ("SigCgt", "SigIgn")}
-    except (OSError, ValueError):
-        return None  # no /proc view: as before, trust the signal file
-    bit = 1 << (signum - 1)
-    name = signal.Signals(signum).name
-    if "SigCgt" in masks and not masks["SigCgt"] & bit:
-        return f"{name} has no handler in the process (it would end it)"
-    if masks.get("SigIgn", 0) & bit:
-        return f"{name} is ignored in the process"
-    return None
-
-
-def signal_dump(pid: int, wait: float = SIGNAL_WAIT) -> Attempt:
-    """Ask a hangdoc-wrapped process for its stacks with its watchdog signal (faulthandler, C level)."""
-    found = signal_file(pid)
-    if found is None:
-        return Attempt(False, how="signal", reason="not hangdoc-wrapped")
-    path, signum = found
-    refused = _signal_unsafe(pid, signum)
-    if refused:
-        return Attempt(False, how="signal", reason=f"signal: not sent, {refused}")
-    try:
-        before = os.path.getsize(path)
-        os.kill(pid, signum)
-    except OSError as e:
-        return Attempt(False, how="signal", reason=f"signal: {e}")
-    deadline = time.monotonic() + wait
-    size = before
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        try:
-            now = os.path.getsize(path)
-        except OSError:
-            break
-        if now > before and now == size:
-            break  # grew, then stayed the same for one tick: written
-        size = now
-    try:
-        with open(path, "rb") as f:
-            f.seek(before)
-            text = f.read().decode("utf-8", "replace")
-    except OSError as e:
-        return Attempt(False, how="signal", reason=f"signal: {e}")
-    if not text.strip():
-        return Attempt(False, how="signal", reason=f"no faulthandler output {wait:g}s after {signal.Signals(signum).name}")
-    return Attempt(True, text, how="signal")
 
 
 def gdb_dump(pid: int, timeout: float = DEFAULT_TIMEOUT) -> Attempt:
@@ -516,7 +423,7 @@ def take(info: ProcessInfo, options: Options) -> Taken:
     reasons: List[str] = []
     dumpers = []
     if options.use_signal:
-        dumpers.append(lambda: signal_dump(info.pid))
+        dumpers.append(lambda: signal_dump(info.pid, uid=info.uid if info.uid >= 0 else None))
     if options.use_gdb:
         dumpers.append(lambda: gdb_dump(info.pid, options.timeout))
     for fallback in [None] + dumpers:
@@ -578,7 +485,9 @@ def block(taken: Taken, host: Optional[str] = None, parent: Optional[ProcessInfo
         extra = {"status": STOPPED, "reason": f"state_{info.state}"}
     if taken.how:
         extra["dumper"] = taken.how
-    text = taken.text if taken.text.endswith("\n") else taken.text + "\n"
+    # what a dumper printed comes from the process (py-spy prints its command line, faulthandler its
+    # file names): none of it may read as a tag line of hangdoc's own
+    text = defang(taken.text if taken.text.endswith("\n") else taken.text + "\n")
     return tag_for(info, host, parent, children, taken.text, parent_text, **extra) + "\n" + text
 
 

@@ -23,10 +23,85 @@ PREFIX = "# hangdoc process "
 EXITED_PREFIX = "# hangdoc exited "
 
 
+def quote(value: object) -> str:
+    """A tag value as written: spaces become ``_`` (as they always have), and a value holding
+    anything but printable non-space characters (a newline in ``HANGDOC_HOST``, a quote, a
+    backslash, a bidi override) is written in double quotes with backslash escapes, so that no
+    value can end the line or start a forged one. Simple values stay bare (what older readers read).
+
+    >>> quote("node1"), quote("a b"), quote('n1\\n# hangdoc process rank=0')
+    ('node1', 'a_b', '"n1\\\\n#_hangdoc_process_rank=0"')
+    """
+    text = str(value).replace(" ", "_")
+    if text and all(ch.isprintable() and ch not in _UNSAFE for ch in text):
+        return text
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append("\\x%02x" % code if code < 0x100 else "\\u%04x" % code if code < 0x10000 else "\\U%08x" % code)
+    return '"' + "".join(out) + '"'
+
+
+_UNSAFE = frozenset('"\\ ')
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_UNESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
+
+
+def unquote(text: str) -> str:
+    """The value :func:`quote` wrote (a bare value is itself).
+
+    >>> unquote(quote("a\\nb")) == "a\\nb", unquote("plain")
+    (True, 'plain')
+    """
+    if len(text) < 2 or text[0] != '"' or text[-1] != '"':
+        return text
+    body, out, i = text[1:-1], [], 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\" or i + 1 == len(body):
+            out.append(ch)
+            i += 1
+            continue
+        nxt = body[i + 1]
+        width = {"x": 2, "u": 4, "U": 8}.get(nxt, 0)
+        digits = body[i + 2:i + 2 + width]
+        if width and len(digits) == width and all(c in "0123456789abcdefABCDEF" for c in digits) \
+                and int(digits, 16) <= 0x10FFFF:
+            out.append(chr(int(digits, 16)))
+            i += 2 + width
+        else:
+            out.append(_UNESCAPES.get(nxt, nxt))
+            i += 2
+    return "".join(out)
+
+
 def format_tag(**fields: object) -> str:
-    """One line; ``None`` values are left out, values must not contain spaces (they are replaced)."""
-    parts = [f"{k}={str(v).replace(' ', '_')}" for k, v in fields.items() if v is not None]
+    """One line; ``None`` values are left out, every value goes through :func:`quote`.
+
+    >>> format_tag(host="n1\\n# hangdoc process host=forged", pid=7)
+    '# hangdoc process host="n1\\\\n#_hangdoc_process_host=forged" pid=7'
+    """
+    parts = [f"{k}={quote(v)}" for k, v in fields.items() if v is not None]
     return PREFIX + " ".join(parts)
+
+
+def defang(text: str) -> str:
+    """``text`` (a dumper's output: py-spy prints the process's command line, faulthandler its file
+    names) with every ``# hangdoc `` made ``#_hangdoc ``: nothing a process controls can read as
+    a tag or ``exited`` line of hangdoc's own.
+
+    >>> defang("Process 7: python x\\n# hangdoc process host=forged rank=0")
+    'Process 7: python x\\n#_hangdoc process host=forged rank=0'
+    """
+    return text.replace(_TAG_WORD, "#_hangdoc ") if _TAG_WORD in text else text
+
+
+_TAG_WORD = "# hangdoc "
 
 
 def format_exited(**fields: object) -> str:
@@ -41,7 +116,13 @@ def format_exited(**fields: object) -> str:
 
 
 def parse_tag(line: str) -> Optional[Dict[str, str]]:
-    """The fields of a tag line as strings, or None when ``line`` is not one."""
+    """The fields of a tag line as strings, or None when ``line`` is not one. Quoted values
+    (:func:`quote`) are unquoted (they hold no whitespace: parts split on it, as they always have);
+    a part without ``=`` is ignored.
+
+    >>> parse_tag('# hangdoc process host="a\\\\nb" pid=7 junk')
+    {'host': 'a\\nb', 'pid': '7'}
+    """
     line = line.strip()
     if not line.startswith(PREFIX.strip()):
         return None
@@ -49,7 +130,7 @@ def parse_tag(line: str) -> Optional[Dict[str, str]]:
     for part in line[len(PREFIX.strip()):].split():
         if "=" in part:
             k, v = part.split("=", 1)
-            fields[k] = v
+            fields[k] = unquote(v)
     return fields
 
 

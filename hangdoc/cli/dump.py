@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         write_stdout(text)
         return 1 if failed else 0
     try:
-        write_atomic(out, text)
+        write_atomic(out, text, mode=0o600)  # stacks, maybe --locals: the caller's alone
     except OSError as e:
         # the dump is taken (every rank was paused for it): a file system error must not lose it
         print(f"hangdoc dump: cannot write {out}: {e.strerror or e}; the stacks follow on stdout", file=sys.stderr)

@@ -793,8 +793,7 @@ class Detector:
             dog._recorder = recorder.get()
         reason = f"divergence in {v.group} at collective #{v.index}"
         paths = dog.dump_now(reason)
-        if paths:
-            exchange.share(dog, paths, reason, stall=False)
+        exchange.share(dog, paths or (), reason, stall=False)  # written or not: the dump is in dog.last_files
 
     def _say(self, message: str) -> None:
         from hangdoc.runtime import exchange

@@ -24,6 +24,7 @@ timeout: the job's store keeps its own), waits are bounded, nothing is a collect
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -31,7 +32,7 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 #: store key of one rank's current stall entry
 KEY = "hangdoc/dump/{rank}"
@@ -124,7 +125,9 @@ def _store_failed() -> None:
 
 
 class StoreTimeout(Exception):
-    """A store operation did not answer in time; the store is not used again."""
+    """A store operation did not answer in time, or failed for the connection's sake (its server
+    is gone: a broken pipe, a reset); the store is not used again and the files take over at once
+    (not at the watchdog's next re-dump, 4x the stall later)."""
 
 
 def bounded_op(store: Any, name: str, *args: Any) -> Any:
@@ -150,8 +153,27 @@ def bounded_op(store: Any, name: str, *args: Any) -> Any:
         raise StoreTimeout(f"store {name} did not answer within {STORE_TIMEOUT + 0.5:g}s")
     ok, value = result[0]
     if not ok:
+        if connection_lost(value):
+            _store_failed()
+            raise StoreTimeout(f"store {name} failed: {type(value).__name__}: {value}") from value
         raise value
     return value
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether a store operation failed because its server is gone (torch's ``DistNetworkError``, a
+    broken pipe, a reset, a refused connection), not for the one key (a ``get`` that timed out).
+
+        >>> connection_lost(BrokenPipeError()), connection_lost(RuntimeError("Broken pipe")), connection_lost(KeyError("k"))
+        (True, True, False)
+    """
+    if isinstance(error, OSError) or type(error).__name__ == "DistNetworkError":
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(s in text for s in _LOST)
+
+
+_LOST = ("Broken pipe", "Connection reset", "Connection refused", "Connection closed", "connection closed")
 
 
 def _usable(store: Any) -> bool:
@@ -175,10 +197,30 @@ def _read_capped(path: str, cap: int) -> str:
         return (head + f.read()).decode("utf-8", "replace")
 
 
-def make_entry(paths: Sequence[str], ident: Any, reason: str, last_progress_wall: float) -> Dict[str, Any]:
+def _cap_text(text: str, cap: int) -> str:
+    """:func:`_read_capped` for text held in memory (``cap`` counted in characters).
+
+        >>> _cap_text("head\\nold\\nnew\\n", 5)
+        'head\\nnew\\n'
+    """
+    if len(text) <= cap:
+        return text
+    head, _, _ = text.partition("\n")
+    tail = text[len(text) - cap:]
+    return head + "\n" + tail[tail.find("\n") + 1:] if "\n" in tail else head + "\n"
+
+
+def make_entry(paths: Sequence[str], ident: Any, reason: str, last_progress_wall: float,
+               texts: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """This rank's store entry: ``texts`` (the dump by file name, as the watchdog holds it in memory,
+    written or not), else the files at ``paths``; each cut to its cap."""
     files: Dict[str, str] = {}
+    for name, text in (texts or {}).items():
+        files[name] = _cap_text(text, MAX_RECORDS if name.endswith(".jsonl") else MAX_STACKS)
     for p in paths:
         name = os.path.basename(p)
+        if name in files:
+            continue
         try:
             files[name] = _read_capped(p, MAX_RECORDS if name.endswith(".jsonl") else MAX_STACKS)
         except OSError:
@@ -234,7 +276,7 @@ def _share(dog: Any, paths: Sequence[str], reason: str, stall: bool = True) -> O
 
     started = time.monotonic()
     ident = identity()
-    entry = make_entry(paths, ident, reason, dog.last_progress_wall)
+    entry = make_entry(paths, ident, reason, dog.last_progress_wall, getattr(dog, "last_files", None))
     store = job_store()
     if store is not None:
         try:
@@ -360,35 +402,97 @@ def _preload_offline() -> None:
 
 def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int, reason: str = "",
             stall: bool = True) -> Optional[str]:
-    from hangdoc.atomic import write_atomic
-
+    """Write the entries as files and the report, read them, print the verdict. What cannot be
+    written (a full disk, an output directory that is no directory) is read from memory instead,
+    and the verdict is printed all the same. Returns the report's path when it was written."""
     paths: List[str] = []
+    memory: Dict[str, str] = {}
+    written = set(getattr(dog, "last_paths", ()) or ())
     for r, entry in sorted(entries.items()):
         if "paths" in entry:
             paths.extend(entry["paths"])
             continue
         for name, text in entry_files(entry).items():
             path = os.path.join(dog.out_dir, name)
-            if r != ident.rank:
-                write_atomic(path, text)
-            paths.append(path)
+            if r == ident.rank and path in written:
+                paths.append(path)
+                continue
+            try:
+                _write_file(dog.out_dir, path, text)
+                paths.append(path)
+            except OSError:
+                memory[name] = text
 
     from hangdoc.analysis import analyse
     from hangdoc.readers import read_paths
     from hangdoc.renderers import render
 
-    job = read_paths(paths)
+    with _in_memory(memory) as more:
+        job = read_paths(paths + more)
     if job.world_size is None or job.world_size < world:
         job.world_size = world
     report = analyse(job)
-    text_path = os.path.join(dog.out_dir, "report.txt")
-    write_atomic(text_path, render(report, "text"))
+    text_path: Optional[str] = os.path.join(dog.out_dir, "report.txt")
+    where = text_path
     try:
-        write_atomic(os.path.join(dog.out_dir, "report.json"), render(report, "json"))
-    except Exception as e:  # the text report and the verdict matter more than the JSON
-        say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
-    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, text_path, reason, stall), ident)
+        _write_file(dog.out_dir, text_path, render(report, "text"))
+    except OSError as e:
+        where = f"not written ({dog.out_dir}: {e.strerror or e})"
+        text_path = None
+    if text_path is not None:
+        try:
+            _write_file(dog.out_dir, os.path.join(dog.out_dir, "report.json"), render(report, "json"))
+        except Exception as e:  # the text report and the verdict matter more than the JSON
+            say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
+    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, where, reason, stall), ident)
     return text_path
+
+
+def _write_file(out_dir: str, path: str, text: str) -> None:
+    from hangdoc.runtime.watchdog import _write_file as write
+
+    write(out_dir, path, text)
+
+
+@contextlib.contextmanager
+def _in_memory(files: Dict[str, str]) -> Iterator[List[str]]:
+    """Paths the readers can read ``files`` (name -> text) at without a disk: anonymous memory
+    files (``memfd_create``, seen at ``/proc/self/fd/N``); where there are none, a private temporary
+    directory. A file that cannot be placed either way is left out."""
+    fds: List[int] = []
+    tmp: Optional[str] = None
+    paths: List[str] = []
+    try:
+        for name, text in sorted(files.items()):
+            data = text.encode("utf-8", "replace")
+            memfd = getattr(os, "memfd_create", None)
+            try:
+                if memfd is not None and os.path.isdir("/proc/self/fd"):
+                    fd = memfd(name, getattr(os, "MFD_CLOEXEC", 0))
+                    fds.append(fd)
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    paths.append(f"/proc/self/fd/{fd}")
+                    continue
+                if tmp is None:
+                    import tempfile
+
+                    tmp = tempfile.mkdtemp(prefix="hangdoc-report-")
+                path = os.path.join(tmp, name)
+                with open(path, "wb") as f:
+                    f.write(data)
+                paths.append(path)
+            except OSError as e:
+                say(f"hangdoc watchdog: {name} left out of the report: {e.strerror or e}")
+        yield paths
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def verdict(report: Any, ranks: List[int], world: int, since: float, path: str, reason: str = "",

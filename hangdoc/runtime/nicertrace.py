@@ -200,7 +200,7 @@ class NicerTrace(trace.Trace):
 
             path = options.file_path("trace", self.out_dir)
         self.file_path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._fd = open_append(path)
         self._pid_prefix = f"{os.getpid()} ".encode() if self.log_pids else b""
 
     def _emit(self, data: bytes) -> None:
@@ -384,3 +384,34 @@ def _after_fork_in_child() -> None:
         tracer._open()
     except Exception:
         tracer._fd = None
+
+
+def open_append(path: str) -> int:
+    """``path`` opened for appending, for a trace file in an output directory others may write to:
+    never through a symlink planted at its name (``O_NOFOLLOW``), never a FIFO or device (it could
+    block or be anything), only a regular file of this user's; OSError otherwise.
+
+        >>> import tempfile
+        >>> p = os.path.join(tempfile.mkdtemp(), "t.txt"); os.symlink("/etc/hostname", p + ".link")
+        >>> os.close(open_append(p))
+        >>> open_append(p + ".link")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        OSError: [Errno 40] ...
+    """
+    import errno
+    import stat
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0), 0o644)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{path}: not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise PermissionError(errno.EPERM, f"{path}: owned by uid {st.st_uid}, not by this user")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -221,7 +221,7 @@ class _Dest:
     and its lock."""
 
     __slots__ = ("out", "fd", "own_fd", "sock", "pending", "broken", "lock_fd", "locked", "lock_since",
-                 "wait_since", "skip_until", "at_line_end", "kind")
+                 "wait_since", "skip_until", "at_line_end", "kind", "lock_path")
 
     def __init__(self, out: int, lock_base: str) -> None:
         import stat
@@ -266,12 +266,10 @@ class _Dest:
                 self.kind = "own"
             except OSError:  # no /proc, or a pipe without reader (its first write says EPIPE)
                 self.kind = "poll"
+        self.lock_path = ""
         if lock_base and fcntl is not None and st is not None:
-            try:
-                self.lock_fd = os.open(dest_lock_path(lock_base, st.st_dev, st.st_ino),
-                                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except OSError:
-                pass
+            self.lock_path = dest_lock_path(lock_base, st.st_dev, st.st_ino)
+            self.lock_fd = _open_lock(self.lock_path)
 
     def send(self, data: bytearray) -> int:
         """Write what can be written now; raises OSError (BrokenPipeError: the reader is gone)."""
@@ -299,6 +297,18 @@ class _Dest:
 
     def close(self) -> None:
         self.unlock()
+        if self.lock_fd >= 0:
+            # The last drainer writing there removes the lock file (one per destination ever
+            # written to would pile up in /dev/shm): only while it holds it, so a drainer that has it
+            # open already sees it unlinked once it gets it (st_nlink 0) and opens the new one.
+            try:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                st = os.stat(self.lock_path, follow_symlinks=False)
+                mine = os.fstat(self.lock_fd)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    os.unlink(self.lock_path)
+            except OSError:
+                pass
         for fd in (self.own_fd, self.lock_fd):
             if fd >= 0:
                 try:
@@ -307,6 +317,26 @@ class _Dest:
                     pass
         if self.sock is not None:
             self.sock.close()
+
+
+def _open_lock(path: str) -> int:
+    """The lock file of a destination in a directory everyone writes to (``/dev/shm``), or -1: never
+    through a symlink, and only a regular file of this user's (another's could be held for ever).
+    (printflock.open_lock's rule; the drainer process cannot import hangdoc.)"""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, 0o600)
+    except OSError:
+        return -1
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return -1
 
 
 def _awaits_lock(d: _Dest, now: float) -> bool:
@@ -504,6 +534,13 @@ class _Drainer:
         if not d.locked and d.lock_fd >= 0 and now >= d.skip_until:
             try:
                 fcntl.flock(d.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if not os.fstat(d.lock_fd).st_nlink:
+                    # removed by the last drainer that wrote here (close): the new one is the lock now
+                    os.close(d.lock_fd)
+                    d.lock_fd = _open_lock(d.lock_path)
+                    if d.lock_fd < 0:
+                        raise OSError("no lock file")
+                    fcntl.flock(d.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 d.locked, d.lock_since, d.wait_since = True, now, 0.0
             except BlockingIOError:
                 if not d.wait_since:
@@ -512,7 +549,8 @@ class _Drainer:
                     return  # its holder never blocks while holding it: try again in a moment
                 d.skip_until = now + LOCK_SKIP  # held too long (a stopped process?): write without it
             except OSError:  # no flock on this file system: whole writes without it
-                os.close(d.lock_fd)
+                if d.lock_fd >= 0:
+                    os.close(d.lock_fd)
                 d.lock_fd = -1
         while d.pending:
             try:

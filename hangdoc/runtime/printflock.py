@@ -13,6 +13,12 @@ writes) and flushes before it unlocks.
 The lock file lives in ``/dev/shm`` (or the temp directory), named per user, never next to the
 module: site-packages may sit on NFS/Lustre, where flock is slow or not supported. Where flock is
 unavailable (ENOSYS, EINVAL, ENOLCK, EOPNOTSUPP) it prints without the lock, after one warning.
+
+That directory is shared by every user of the node, so the lock is never trusted to be free: it is
+opened with ``O_NOFOLLOW`` and used only when it is a regular file of this user's (else: no lock,
+one warning), and it is waited for at most :data:`LOCK_WAIT` seconds. A lock held longer (by a
+stopped process, or by anyone who can open it) is given up with one warning: the message is printed
+without it, and until the lock is had again it is only tried, never waited for.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from typing import Any, Iterator, Optional, TextIO
 
@@ -33,7 +40,7 @@ try:
 except ImportError:  # Windows: no flock; degrade to a plain print.
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["printflock", "lock_path", "locked", "locked_write"]
+__all__ = ["printflock", "lock_path", "locked", "locked_write", "open_lock"]
 
 _UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOLCK, getattr(errno, "EOPNOTSUPP", -1)}
 
@@ -45,6 +52,11 @@ PREFIX_PIPES_ENV = "HANGDOC_PREFIX_PIPES"
 _lock_fd: Optional[int] = None
 _lock_pid: Optional[int] = None
 _disabled = fcntl is None
+#: the most seconds a print waits for the lock before it prints without it
+LOCK_WAIT = 1.0
+#: a wait for the lock timed out: until it is had again, it is tried once per print, not waited for
+_gave_up = False
+_warned_wait = False
 
 
 def _reinit_after_fork() -> None:
@@ -77,13 +89,66 @@ def _get_lock_fd() -> Optional[int]:
     # After fork the child shares the parent's open file description, hence its flock: reopen.
     if _lock_fd is not None and _lock_pid == pid:
         return _lock_fd
+    path = lock_path()
     try:
-        fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = open_lock(path)
     except OSError as e:
-        _disable(f"cannot open lock file {lock_path()}: {e}")
+        _disable(f"cannot use lock file {path}: {e.strerror or e}")
         return None
     _lock_fd, _lock_pid = fd, pid
     return fd
+
+
+def open_lock(path: str) -> int:
+    """A descriptor of the lock file ``path`` in a directory others can write to (``/dev/shm``):
+    created ``0600`` if missing, never through a symlink (``O_NOFOLLOW``), and only when it is a
+    regular file owned by this user (anyone's file could be held by anyone for ever). OSError
+    otherwise. (Also used by the output prefixer for its per-destination locks.)
+
+        >>> import tempfile
+        >>> fd = open_lock(os.path.join(tempfile.mkdtemp(), "x.lock")); os.close(fd)
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0), 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            raise PermissionError(errno.EPERM, f"owned by uid {st.st_uid}, not by this user")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _acquire(fd: int) -> bool:
+    """Take the lock, waiting at most :data:`LOCK_WAIT`; False (once: one warning) when it stays held."""
+    global _gave_up, _warned_wait
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _gave_up = False
+        return True
+    except BlockingIOError:
+        if _gave_up:
+            return False
+    deadline = time.monotonic() + LOCK_WAIT
+    delay = 0.0001
+    while True:
+        time.sleep(delay)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            _gave_up = True
+            if not _warned_wait:
+                _warned_wait = True
+                warnings.warn(f"hangdoc.printflock: {lock_path()} held for more than {LOCK_WAIT:g}s (a stopped "
+                              "process?); printing without the lock until it is free", RuntimeWarning, stacklevel=5)
+            return False
+        delay = min(2 * delay, 0.005)
 
 
 def _disable(reason: str) -> None:
@@ -160,15 +225,14 @@ def locked() -> Iterator[None]:
 
     The lock is held only for the writes themselves, so a rank blocks here only while another
     rank's write is in progress; a process that dies holding it releases it (the kernel closes
-    its descriptors).
+    its descriptors); one that holds it for more than :data:`LOCK_WAIT` (stopped) is given up.
     """
     with _state_lock:
         lock_fd = None if _disabled else _get_lock_fd()
         is_locked = False
         if lock_fd is not None:
             try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                is_locked = True
+                is_locked = _acquire(lock_fd)
             except OSError as e:
                 if e.errno not in _UNSUPPORTED:
                     raise

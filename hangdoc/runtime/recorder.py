@@ -769,9 +769,15 @@ class Recorder:
         """
         from hangdoc.atomic import write_atomic
 
+        path = path or self.default_path()
+        write_atomic(path, self.dump_text(limit))
+        self.dumped_to = path
+        return path
+
+    def dump_text(self, limit: Optional[int] = None) -> str:
+        """What :meth:`dump` writes, as text (the watchdog keeps it in memory when it cannot be written)."""
         _refresh_identity()
         self._bounded(self._sweep)  # completions observed now belong in the header's progress too
-        path = path or self.default_path()
         world = _world_size()
         raw = self._resolved()
         header = {"hangdoc": "collectives", "version": 1, "host": _IDENT[1], "rank": _IDENT[0],
@@ -787,9 +793,7 @@ class Recorder:
             header["refined_by_flight_recorder"] = refined
         lines = [json.dumps(header)]
         lines.extend(json.dumps(r.to_json()) for r in records)
-        write_atomic(path, "\n".join(lines) + "\n")
-        self.dumped_to = path
-        return path
+        return "\n".join(lines) + "\n"
 
     def _total_issued(self) -> int:  # one seq counter per group name
         return sum(self._seq.values())

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from hangdoc.runtime.options import signal_number
 
@@ -130,6 +130,10 @@ class Watchdog:
         self.stalls = 0
         #: paths written by the last dump.
         self.last_paths: Tuple[str, ...] = ()
+        #: the last dump's files by name, written or not (what the exchange shares)
+        self.last_files: Dict[str, str] = {}
+        #: why the output directory could not be made at start (the dumps then live in memory)
+        self.no_files = ""
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._seen: Any = None
@@ -149,7 +153,12 @@ class Watchdog:
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> "Watchdog":
-        os.makedirs(self.out_dir, exist_ok=True)
+        try:
+            os.makedirs(self.out_dir, exist_ok=True)
+        except OSError as e:
+            # read-only, or a file where the directory should be: no files, but the watchdog, the
+            # recorder and the exchange still work, and the verdict is still printed
+            self.no_files = f"{self.out_dir}: {e.strerror or e}"
         if self.record:
             self._recorder = _enable_recorder(self.out_dir)
         if self.signum is not None:
@@ -297,7 +306,7 @@ class Watchdog:
 
     def _on_stall(self, reason: str) -> None:
         paths = self.dump_now(reason)
-        if self.report and paths:
+        if self.report:  # written or not: the dump is in last_files
             from hangdoc.runtime import exchange
 
             exchange.share(self, paths, reason)
@@ -341,36 +350,82 @@ class Watchdog:
         return self._write_dump(reason, None)
 
     def _write_dump(self, reason: str, traceback_text: Optional[str]) -> Tuple[str, ...]:
-        from hangdoc.atomic import write_atomic
+        """Take the dump (stacks, records) into :attr:`last_files`, then write it; returns the paths
+        written. A file that cannot be written (a full disk, an output directory that is read-only
+        or no directory) is said once and kept in memory: the exchange shares it from there."""
         from hangdoc.runtime.identity import identity
         from hangdoc.runtime.options import file_name
 
         ident = identity()
         tag = _tag_line(ident, reason, self)
-        os.makedirs(self.out_dir, exist_ok=True)
-        path = os.path.join(self.out_dir, file_name("stacks", ident))
         if traceback_text is None:
-            # faulthandler writes to a file descriptor, not a Python stream
-            with tempfile.TemporaryFile() as f:
-                faulthandler.dump_traceback(file=f, all_threads=True)
-                f.seek(0)
-                traceback_text = f.read().decode("utf-8", "replace")
-        write_atomic(path, tag + "\n" + traceback_text)
-        paths = [path]
+            traceback_text = _faulthandler_text()
+        files = {file_name("stacks", ident): tag + "\n" + traceback_text}
         rec = self._recorder
         if rec is not None:
             try:
-                paths.append(rec.dump())
+                files[os.path.basename(rec.default_path())] = rec.dump_text()
             except Exception as e:
                 _say(f"hangdoc watchdog: could not dump records: {type(e).__name__}: {e}")
-        self.last_paths = tuple(p for p in paths if p)
-        _say(f"hangdoc watchdog: {reason}; wrote {', '.join(self.last_paths)}")
+        self.last_files = files
+        paths, failed = [], []
+        for name, text in files.items():
+            path = os.path.join(self.out_dir, name)
+            try:
+                _write_file(self.out_dir, path, text)
+            except OSError as e:
+                failed.append(f"{name} ({e.strerror or e})")
+                continue
+            paths.append(path)
+            if name.startswith("collectives-") and rec is not None:
+                rec.dumped_to = path  # the exit dump rewrites it whole
+        self.last_paths = tuple(paths)
+        if failed:
+            _say(f"hangdoc watchdog: {reason}; cannot write {', '.join(failed)} in {self.out_dir}: "
+                 "kept in memory for the report" + (f"; wrote {', '.join(paths)}" if paths else ""))
+        else:
+            _say(f"hangdoc watchdog: {reason}; wrote {', '.join(self.last_paths)}")
         return self.last_paths
+
+
+def _write_file(out_dir: str, path: str, text: str) -> None:
+    from hangdoc.atomic import write_atomic
+
+    os.makedirs(out_dir, exist_ok=True)
+    # stacks may name anything a frame shows: the job's user's alone
+    write_atomic(path, text, mode=0o600 if os.path.basename(path).startswith("stacks-") else None)
+
+
+def _faulthandler_text() -> str:
+    """Every thread's stack from faulthandler (it writes to a file descriptor, not a Python stream),
+    through a file in memory where there is one: a full disk must not cost the stacks."""
+    memfd = getattr(os, "memfd_create", None)
+    fd = -1
+    if memfd is not None:
+        try:
+            fd = memfd("hangdoc-stacks", getattr(os, "MFD_CLOEXEC", 0))
+        except OSError:
+            fd = -1
+    if fd < 0:
+        with tempfile.TemporaryFile() as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            f.seek(0)
+            return f.read().decode("utf-8", "replace")
+    try:
+        faulthandler.dump_traceback(file=fd, all_threads=True)
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
 
 
 def _remove_stale_signal_files(limit: int = 2000) -> None:
     """Signal files of processes that are gone (killed before ``stop``, which removes its own);
-    at most ``limit`` of them looked at."""
+    at most ``limit`` of them looked at. The temp directory is shared: only this user's regular
+    files are touched, and none is ever opened in a way that can block (another user's FIFO named
+    like a signal file would keep this thread, the watchdog, in ``open`` for ever) or follow a link."""
+    import stat
+
     paths = []
     try:
         with os.scandir(tempfile.gettempdir()) as entries:
@@ -381,25 +436,36 @@ def _remove_stale_signal_files(limit: int = 2000) -> None:
                         break
     except OSError:
         return
+    me = os.geteuid()
     for path in paths:
         parts = os.path.basename(path)[len(SIGNAL_FILE_PREFIX):].split("-")
-        pid = next((int(x) for x in parts if x.isdigit()), None)
+        pid = next((int(x) for x in parts if x.isdigit() and len(x) <= 10), None)
         if pid is None or pid == os.getpid():
             continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+            continue  # a FIFO, a link, a device, someone else's file: not ours to open or remove
         try:
             os.kill(pid, 0)
             continue  # alive here
         except ProcessLookupError:
             pass
-        except OSError:
-            continue  # alive, another user's
+        except (OSError, OverflowError):
+            continue  # alive, another user's (or no pid at all)
         # No such pid in this pid namespace; it may still live in another (a container sharing
         # /tmp): its owner holds a lock on the file while it is open.
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NOCTTY", 0))
         except OSError:
             continue
         try:
+            now = os.fstat(fd)
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
+                continue  # swapped since the lstat
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             continue  # held: alive somewhere

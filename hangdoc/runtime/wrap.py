@@ -37,8 +37,10 @@ With the recorder on, PyTorch's Flight Recorder is turned on too where a GPU is 
 ``TORCH_FR_BUFFER_SIZE=0`` keeps it off): the recorder reads exact CUDA completion states from it.
 
 The recorder, watchdog and tracer modules are imported only when asked for; a helper that cannot
-be imported or started (an ImportError, a tracer already running, an unwritable directory) is left
-out after one warning and the job runs without it.
+be imported or started (an ImportError, a tracer already running) is left out after one warning and
+the job runs without it. An output directory that cannot be made or written (read-only, a file,
+a full disk) costs only the files: the watchdog, the recorder and the detector still run, their
+dumps are shared in memory through the job's store, and the verdict is printed.
 """
 
 from __future__ import annotations
@@ -159,8 +161,11 @@ class Helpers:
         try:
             out_dir = output_dir(out)
         except OSError as e:
-            warnings.warn(f"hangdoc: output directory unusable ({e}); running without files", RuntimeWarning, stacklevel=3)
-            return self
+            # The watchdog, the recorder, the detector and the exchange need no files: their dumps
+            # stay in memory, go through the job's store, and the verdict is printed all the same.
+            out_dir = output_dir(out, create=False)
+            warnings.warn(f"hangdoc: output directory unusable ({e}); running without files (dumps kept in "
+                          "memory and shared through the job's store, the verdict printed)", RuntimeWarning, stacklevel=3)
         if record or policy is not None:
             flight_recorder_env(out_dir)  # before any process group exists (and the recorder)
         if hang_timeout is not None:

@@ -128,6 +128,11 @@ class RankDeadline:
                 pass
             self._installed = False
 
+    def kill_new_processes(self) -> List[Tuple[int, str]]:
+        """Kill the subtree of every child started since :meth:`__enter__` (in sessions of their
+        own too); what was killed. The plugin calls it after every in-process run, passed or not."""
+        return _kill_new_processes(self._children_before)
+
     @contextlib.contextmanager
     def rank(self, rank: int) -> Iterator[None]:
         """The deadline of ``rank``: ``timeout`` seconds from now."""

@@ -243,6 +243,9 @@ class _RankHooks:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.session.teardown()
         self.session.write_result(exitstatus)
+        from hangdoc.testing.procs import kill_rank_tree
+
+        kill_rank_tree(os.getpid())  # what the test started outlives no rank, passed or not
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,8 +283,11 @@ def _run_in_process(item: pytest.Function, spec: Spec) -> None:
 
     deadline = RankDeadline(spec.timeout, on_stuck=lambda hang: _end_session(item, spec, hang),
                             test_code=getattr(fn, "__code__", None))
-    with deadline:
-        records, errors = run_in_process(call, spec.world_size, deadline=deadline)
+    try:
+        with deadline:
+            records, errors = run_in_process(call, spec.world_size, deadline=deadline)
+    finally:
+        deadline.kill_new_processes()  # passed or not: the ranks' processes outlive no test
     hang = deadline.hung
     if hang is None and errors:
         order = collective_order(records, spec.world_size, "fake", set(errors))

@@ -1,10 +1,16 @@
 """Start, watch, dump and kill the per-rank processes of one test; never leave one behind.
 
-Each rank runs in its own session (``start_new_session=True``), so ``os.killpg`` reaches it and
-anything it forked (DataLoader workers, say). Each rank also holds the read end of a pipe whose
-write end only the parent has: when the parent dies, however it dies, the rank's guard thread reads
-EOF and kills its own process group. The same pipe carries the parent's "dump now" request to a
-hung rank, which the guard thread answers from outside the blocked main thread.
+Each rank runs in its own session (``start_new_session=True``). What a rank starts may sit in a
+session of its own too (``start_new_session=True`` in the test), out of reach of ``os.killpg``: so
+every path that ends ranks walks the process tree (:func:`kill_rank_tree`, with
+:func:`hangdoc.proctree.kill_tree`) and kills each descendant and its group: the parent's
+:meth:`RankProcesses.kill_all` (a passing, failing or hung test, Ctrl-C), the rank's own exit (what
+it started outlives no passing test), and its guard thread. Each rank also holds the read end of a
+pipe whose write end only the parent has: when the parent dies, however it dies (SIGKILL too), the
+guard thread reads EOF and kills the rank's whole tree, then itself. A rank is its descendants'
+subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so that what they leave behind stays in its tree. The
+same pipe carries the parent's "dump now" request to a hung rank, which the guard thread answers
+from outside the blocked main thread.
 
     >>> import sys
     >>> ranks = RankProcesses([[sys.executable, "-c", "pass"]] * 2, env=[{}, {}], log_dir=None)
@@ -135,8 +141,11 @@ class RankProcesses:
         return ("..." + text) if size > limit else text
 
     def kill_all(self) -> None:
-        """SIGKILL every process group and reap every process; safe to call more than once."""
+        """SIGKILL every process, its group and every descendant (in sessions of their own too), and
+        reap every process; safe to call more than once."""
         for p in self.procs:
+            if p.poll() is None:
+                kill_rank_tree(p.pid)  # walked while the rank lives: its descendants are found
             _killpg(p.pid)
         for p in self.procs:
             try:
@@ -194,6 +203,32 @@ def pyspy_dump(pids: Sequence[int], timeout: float = 15.0) -> Dict[int, str]:
     return out
 
 
+def kill_rank_tree(pid: int) -> None:
+    """SIGKILL every descendant of ``pid`` with its process group (never the caller's own), then
+    ``pid`` unless it is the caller: the one cleanup of every path (see the module's docstring)."""
+    from hangdoc.proctree import kill_tree
+
+    if pid == os.getpid():
+        for child in child_pids(pid):
+            kill_tree(child)
+    else:
+        kill_tree(pid)
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (Linux >= 3.4): an orphan among them (a
+    daemon that double-forked, a child whose parent exited) is re-parented here, not to init, so a
+    tree walk from here still finds it. False where it cannot be done."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
 def child_pids(pid: int) -> List[int]:
     """Direct live children of ``pid`` from /proc (Linux), without psutil."""
     return sorted(parent_map().get(pid, []))
@@ -203,8 +238,10 @@ def start_guard(fd: int, on_dump) -> threading.Thread:
     """In a rank process: a daemon thread that serves dump requests and dies with the parent.
 
     EOF on the control pipe means the parent is gone (killed, crashed, interrupted): the rank kills
-    its whole process group rather than live on as an orphan holding ports and memory.
+    its whole tree (in sessions of their own too) and process group rather than live on as an
+    orphan holding ports and memory.
     """
+    become_subreaper()
 
     def run() -> None:
         while True:
@@ -216,6 +253,7 @@ def start_guard(fd: int, on_dump) -> threading.Thread:
                 data = b""
             if not data:
                 try:
+                    kill_rank_tree(os.getpid())
                     os.killpg(os.getpgid(0), signal.SIGKILL)
                 finally:
                     os._exit(70)
