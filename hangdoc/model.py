@@ -219,7 +219,6 @@ EVENT_KINDS = (
     "barrier",         # monitoredBarrier: these ranks did not reach it
     "peer-closed",     # gloo: connection closed/reset by a peer (its address)
     "heartbeat",       # the heartbeat monitor: a dump signal, a stuck watchdog
-    "root-cause",      # torchrun's "Root Cause (first observed failure)" row
     "missing",         # fr_trace: ranks that did not join a collective the others issued
     "divergence",      # hangdoc run --detect: the in-job divergence verdict (divergence.json)
 )

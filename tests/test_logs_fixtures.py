@@ -25,7 +25,6 @@ GPU = os.path.join(HERE, "fixtures", "gpu")
 KNOWN = {
     "NVIDIA-nccl-147-teng-li.log": "NCCL INFO collective traces (opCount per device) are not read",
     "NVIDIA-nccl-1911.log": "NCCL's RAS status report is not read",
-    "pytorch-pytorch-78022.log": "the lone timing-out rank is not blamed from one timeout line",
     "pytorch-pytorch-97066.log": "ranks printing 'completed' are program output, not evidence hangdoc reads",
     "SamsungLabs-MLI-18.log": "a lone exit code with no table and no torn-down peers is not blamed",
     "ZhehengJiangLancaster-AMVUR-2.log": "a failure table mangled by the paste (fields run together) is not read",

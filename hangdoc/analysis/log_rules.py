@@ -192,6 +192,9 @@ def _detail(events: List[LogEvent]) -> List[Finding]:
         for r, fp in prints.items():
             sides.setdefault(fp, []).append(r)
         odd, majority = _minority(sides)
+        if len(sides) < 2:
+            # the old one-sided message names only the reporting rank's own fingerprint
+            odd, majority = sorted(prints), False
         desc = {fp: f"{fp[1]}" + (f" of shape [{fp[2]}]" if fp[2] is not None else "") + (f" {fp[3]}" if fp[3] else "")
                 + (f" (SequenceNumber {fp[0]})" if fp[0] is not None else "") for fp in sides}
         lines = [f"{_who(rs)}: {desc[fp]}" for fp, rs in sorted(sides.items(), key=lambda kv: -len(kv[1]))]
@@ -434,7 +437,7 @@ def _failed(events: List[LogEvent]) -> List[Finding]:
         summary = (f"{who_} exited with code {head.fields.get('exitcode')} first; the log does not hold "
                    f"{'its' if len(ranks) <= 1 else 'their'} traceback")
     lines = list(dict.fromkeys(_cite(e) for e in same[:3]))
-    others = [e for e in cands if e not in same]
+    others = [e for e in cands if e not in same and e.rank not in ranks]
     if others:
         lines.append("other ranks' own errors: " + "; ".join(f"rank {e.rank}: {_what(e)}" for e in others[:3]))
     roots = [e for e in events if e.kind == "exit" and e.fields.get("root")]

@@ -46,7 +46,7 @@ from typing import Dict, List, Optional
 from hangdoc.readers._logbase import Identity, LineReader, line_time, number
 
 FORMAT = "torchelastic"
-KEYWORDS = ("ChildFailedError", "Failures:", "Root Cause", "failed (exitcode", "received by PID", "closing signal")
+KEYWORDS = ("ChildFailedError", "Failures:", "Root Cause", "failed (exitcode", "received by PID", "closing signal", "]:")
 
 #: lines of one entry's traceback kept
 MAX_TB_LINES = 400
@@ -144,6 +144,11 @@ class Reader(LineReader):
             self.active = True
             self.section = "root" if s.startswith("Root Cause") else "failures"
             self.entry = None
+            return
+        if _ENTRY_RE.match(text) is not None:
+            # a paste that starts inside the table: "[7]:" then its fields
+            self.active, self.section = True, "failures"
+            self.entry, self.entry_line, self.ident = {}, lineno, ident
             return
         m = _AGENT_RE.search(text)
         if m is not None:

@@ -72,15 +72,21 @@ def join_events(job: Job) -> None:
                     e.host = p.host
                 if p.pid is None and e.pid is not None:
                     p.pid = e.pid
-    # ranks that only the logs know of
+    # ranks that only the logs know of: the writers of lines, and the ranks lines name (the other
+    # side of a DETAIL mismatch, the ranks missing from a barrier or a collective)
     known = {p.rank for p in job.processes if p.rank is not None and p.role != ROLE_WORKER}
     first: Dict[int, LogEvent] = {}
     for e in job.events:
-        if e.rank is not None and e.rank not in known and e.rank not in first:
-            first[e.rank] = e
+        for r in [e.rank] + _named_ranks(e):
+            if r is not None and r not in known and r not in first:
+                first[r] = e
+    by_writer: Dict[int, List[LogEvent]] = {}
+    for x in job.events:
+        if x.rank is not None:
+            by_writer.setdefault(x.rank, []).append(x)
     for rank, e in sorted(first.items()):
-        hosts = {x.host for x in job.events if x.rank == rank and x.host is not None}
-        pids = {x.pid for x in job.events if x.rank == rank and x.pid is not None}
+        hosts = {x.host for x in by_writer.get(rank, ()) if x.host is not None}
+        pids = {x.pid for x in by_writer.get(rank, ()) if x.pid is not None}
         job.processes.append(Process(
             host=next(iter(hosts)) if len(hosts) == 1 else None,
             pid=next(iter(pids)) if len(pids) == 1 else None,
@@ -88,6 +94,23 @@ def join_events(job: Job) -> None:
             source=e.source, source_line=e.line, format="log",
             meta={"rank_from": "log"},
         ))
+
+
+#: ranks one event may add as processes (a barrier of 100,000 absent ranks is not 100,000 processes)
+MAX_NAMED = 4096
+
+
+def _named_ranks(e: LogEvent) -> List[int]:
+    f = e.fields
+    out: List[int] = []
+    for key in ("ranks", "missing", "expected", "deviants", "agreeing"):
+        v = f.get(key)
+        if isinstance(v, list):
+            out.extend(r for r in v[:MAX_NAMED] if type(r) is int and r >= 0)
+    for side in f.get("sides") or []:
+        if isinstance(side, dict) and type(side.get("rank")) is int:
+            out.append(side["rank"])
+    return out[:MAX_NAMED]
 
 
 def _dedupe(job: Job) -> None:

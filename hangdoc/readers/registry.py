@@ -3,8 +3,8 @@
 Stack formats start a block at a recognisable first line (:func:`detect`, dispatched on the first
 character: it runs on every line that no parser claims). Log formats are found by module name:
 every ``hangdoc/readers/*_log.py`` with ``FORMAT``, ``KEYWORDS`` and ``Reader`` is one, so a new
-log format is one new file. :data:`MARKERS` is what a file (or a 4 MB stretch of one) must hold to
-be worth reading line by line.
+log format is one new file. :func:`markers_re` is what a walked file's 64 KB head must hold to be
+read; :data:`ANCHORS` what a 256 KB stretch must hold to be read line by line.
 """
 
 from __future__ import annotations
