@@ -135,8 +135,9 @@ def findings(report: Report) -> List[Finding]:
         if d.ambiguous:
             evidence.append("only two sides disagree, so the records alone cannot say which one is wrong")
         elif d.basis == "history":
-            evidence.append(f"two sides disagree; {describe_ranks(d.agreeing)} issued what this call site "
-                            f"always issued before, so {describe_ranks(d.ranks)} is the odd one out")
+            evidence.append(f"two sides disagree; {describe_ranks(d.agreeing)} kept the pattern of calls the job "
+                            f"repeated before (the loop's period, what followed the previous call, what this call "
+                            f"site issued), so {describe_ranks(d.ranks)} is the odd one out")
         where = d.expected if d.kind == "missing" or d.actual is None else d.actual
         advice = [
             f"Look at {sequence.site(where)} on {describe_ranks(d.ranks)}: the ranks of group "

@@ -298,20 +298,25 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]], hung: b
             break
         counts = Counter(here.values())
         n_top = max(counts.values())
-        # Ties (two ranks, say) leave no majority: the side that continues the way earlier
-        # iterations went on from the previous op wins (in a loop that issues all_reduce then
-        # broadcast, the rank that skipped the broadcast is the one issuing all_reduce twice);
-        # then the side that repeats what its call site always issued before; failing that, the
-        # lowest rank's side, flagged ambiguous.
+        # Ties (two ranks, say) leave no majority: the side that continues the loop's period wins
+        # (a broadcast every third step: the rank that issued it keeps the period); then the side
+        # that continues the way earlier iterations went on from the previous op (in a loop that
+        # issues all_reduce then broadcast, the rank that skipped the broadcast is the one issuing
+        # all_reduce twice); then the side that repeats what its call site always issued before;
+        # failing that, the lowest rank's side, flagged ambiguous.
         top = here[min(r for r, s in here.items() if counts[s] == n_top)]
         basis = "majority"
         if sum(1 for c in counts.values() if c == n_top) > 1:
+            tied = {sg for sg in here.values() if counts[sg] == n_top}
+            first_r = min(r for r, sg in here.items() if sg in tied)
+            predicted = periodic_next(sigs[first_r][:pos[first_r]])
             fam = {}
             for r, sg in here.items():
                 if counts[sg] == n_top:
                     x = per_rank[r][pos[r]]
                     prev = sigs[r][pos[r] - 1] if pos[r] else None
-                    fam[sg] = max(fam.get(sg, (0, 0)), (follows[(prev, sg)], history[(x.call_site, sg)]))
+                    fam[sg] = max(fam.get(sg, (0, 0, 0)),
+                                  (sg == predicted, follows[(prev, sg)], history[(x.call_site, sg)]))
             best = max(fam.values())
             winners = [sg for sg, f in fam.items() if f == best]
             if len(winners) == 1:
@@ -434,6 +439,35 @@ def _extra_at_end(name, column, per_rank, r, p, finished) -> Divergence:
     s = (f"{describe_ranks([r])} issued {_what(act)} at {site(act)} that {describe_ranks(finished)} never issued"
          + (f" (their last op in group {name} was {_what(last)}, completed)" if last else ""))
     return Divergence(name, "extra", [r], last, act, column, s, sorted(finished))
+
+
+#: the longest loop period looked for in a rank's history of calls
+MAX_PERIOD = 64
+
+
+def periodic_next(seq: Sequence[object]) -> Optional[object]:
+    """What a repeating history of calls issues next, or None when it does not repeat.
+
+    The period is the one that explains the longest stretch at the end of ``seq`` (at least two
+    whole periods): a loop that all-reduces every step and broadcasts every third step repeats with
+    period 4 (all_reduce, broadcast, all_reduce, all_reduce), not 1, though its last three calls are
+    all all_reduces.
+
+    >>> periodic_next(["ar", "bc", "ar", "ar", "ar", "bc", "ar", "ar", "ar"])
+    'bc'
+    >>> periodic_next(["ar", "bc", "x"]) is None
+    True
+    """
+    n = len(seq)
+    best_p, best_len = 0, 0
+    for p in range(1, min(n // 2, MAX_PERIOD) + 1):
+        i = n - 1
+        while i >= p and seq[i] == seq[i - p]:
+            i -= 1
+        covered = (n - 1 - i) + p
+        if covered >= 2 * p and covered > best_len:
+            best_p, best_len = p, covered
+    return seq[n - best_p] if best_p else None
 
 
 def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[StreamMismatch],
