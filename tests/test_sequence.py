@@ -192,3 +192,24 @@ def test_send_recv_counts_do_not_trim_collectives_when_nothing_wrapped():
     assert divergences(stage0 + stage1) == []
     # one all_reduce fewer on stage 1 is still found
     assert divergences(stage0 + stage1[:-1])
+
+
+def test_two_ranks_the_one_breaking_the_loops_period_is_blamed():
+    # all_reduce every step, broadcast every third (steps 0, 3, 6); rank 1 leaves out step 6's
+    # broadcast. all_reduce after all_reduce is the commoner transition, but the loop's period says
+    # a broadcast comes next: rank 1 is the odd one, whichever rank is numbered first.
+    loop = []
+    for step in range(7):
+        loop.append(0)
+        if step % 3 == 0:
+            loop.append(1)
+    for skipper in (0, 1):
+        seqs = {skipper: loop[:-1] + [0], 1 - skipper: list(loop)}
+        (d,) = sequence.divergences(make(seqs))
+        assert d.ranks == [skipper] and d.basis == "history", (skipper, d.summary)
+
+
+@given(st.lists(st.sampled_from("abc"), min_size=1, max_size=8), st.integers(3, 5))
+def test_periodic_next_continues_any_repeated_loop(body, times):
+    seq = body * times
+    assert sequence.periodic_next(seq[:-1]) == seq[-1]
