@@ -29,7 +29,7 @@ the evidence, never reported one by one.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hangdoc.analysis import sequence
 from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
@@ -163,9 +163,20 @@ def findings(report: Report) -> List[Finding]:
             kind, head = "stream-misplacement", f"cross-stream deadlock between {describe_ranks(ranks)}"
             advice = ["Issue the same collective on the same stream on every rank."]
         else:
-            kind, head = "collective-mismatch", (f"{describe_ranks(ranks)} entered collectives of different groups "
-                                                 f"in opposite orders and wait for each other")
-            advice = ["Every rank must enter shared process groups' collectives in the same order."]
+            sides = _sides(records, c.records)
+            ranks = sorted({r for side, _ in sides for r in side})
+            sizes = sorted(len(side) for side, _ in sides)
+            odd = [r for side, _ in sides if len(side) == sizes[0] for r in side]
+            kind = "collective-mismatch"
+            head = (" while ".join(f"{describe_ranks(side)} {'waits' if len(side) == 1 else 'wait'} in {x.op} of "
+                                   f"group {x.group} ({sequence.site(x)})" for side, x in sides)
+                    + ": the two sides entered the groups in opposite orders")
+            if len(sides) == 2 and sizes[0] < sizes[1]:
+                # a minority side is the odd one (it created or entered the groups the other way)
+                head += f"; {describe_ranks(odd)}, the smaller side, {'is' if len(odd) == 1 else 'are'} the odd one"
+                ranks = sorted(odd)
+            advice = ["Every rank must enter shared process groups' collectives in the same order: "
+                      + " and ".join(sequence.site(x) for _, x in sides) + " run in a different order on each side."]
         out.append(Finding(kind=kind, summary=head, culprits=_culprits(report, ranks),
                            evidence=[c.summary] + pending_ev, advice=advice, confidence=CONFIDENCE_CYCLE))
 
@@ -186,6 +197,20 @@ def findings(report: Report) -> List[Finding]:
     out.extend(_missing_ranks(report, records))
     if not out:
         out.extend(_all_waiting(report, records))
+    return out
+
+
+def _sides(records: List[CollectiveRecord], blocked: List[CollectiveRecord]) -> List[Tuple[List[int], CollectiveRecord]]:
+    """Each blocked call of a cycle with every rank blocked in that same call (group, seq, op): a
+    cycle is found through one rank per side, but the whole side waits."""
+    pending: Dict[int, CollectiveRecord] = {}
+    for r in records:
+        if r.state in ("issued", "scheduled", "started") and (r.rank not in pending or r.seq > pending[r.rank].seq):
+            pending[r.rank] = r
+    out = []
+    for x in blocked:
+        side = sorted(q for q, y in pending.items() if (y.group, y.seq, y.op) == (x.group, x.seq, x.op))
+        out.append((side or [x.rank], x))
     return out
 
 
