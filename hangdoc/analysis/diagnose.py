@@ -96,8 +96,8 @@ def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> Lis
     findings of one kind from different rules (``origins``: ``id(finding)`` → what it rests on) into one.
 
     The folded finding is the more confident one (records are exact, stacks are not): it keeps its
-    culprits and gains the other's summary and distinct evidence; when the other pointed at different
-    processes, the evidence says so. Findings of one rule are never folded together (the record rules
+    culprits and gains the other's summary and distinct evidence as ``detail``; when the other pointed
+    at different processes, that detail says so. Findings of one rule are never folded together (the record rules
     report one divergence per process group on purpose).
 
     >>> from hangdoc.model import Culprit
@@ -106,8 +106,8 @@ def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> Lis
     >>> [m] = merge([stk, rec], {id(rec): "collective records", id(stk): "stacks"})
     >>> m.summary, [c.rank for c in m.culprits]
     ('rank 2 skipped broadcast #3', [2])
-    >>> m.evidence[1:]
-    ['the stacks alone said: rank 0 waits in broadcast (pointing at ranks 1-2, not only at rank 2)', 'rank 0: broadcast']
+    >>> m.evidence, m.detail
+    (['rank 2 never issued it'], ['the stacks alone said: rank 0 waits in broadcast (pointing at ranks 1-2, not only at rank 2)', 'rank 0: broadcast'])
     """
     real = [f for f in found if f.kind != "no-hang"]
     if origins:
@@ -170,6 +170,7 @@ def _fold(head: Finding, other: Finding, origin: str) -> None:
     elif theirs and theirs != mine:
         note += f" (pointing at {_who(other.culprits)}, not only at {_who(head.culprits)})" if mine <= theirs else \
             f" (pointing at {_who(other.culprits)} instead)"
-    have = set(head.evidence)
-    head.evidence.append(note)
-    head.evidence.extend(e for e in other.evidence if e not in have)
+    # the more exact rule already proves the verdict: the other's view is supporting detail
+    have = set(head.evidence) | set(head.detail)
+    head.detail.append(note)
+    head.detail.extend(e for e in other.evidence + other.detail if e not in have)
