@@ -53,6 +53,7 @@ def diagnose(report: Report) -> List[Finding]:
             origins[id(f)] = _ORIGIN.get(spec, spec)
         found.extend(got)
     found = merge(found, origins)
+    found = _drop_explained_p2p(report, found)
     if found:
         found[0].evidence.extend(_process_notes(report, found[0]))
     if not found:
@@ -145,6 +146,30 @@ def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
             if ranks and ranks <= _ranks(lag):
                 f.confidence = max(f.confidence, lag.confidence + 0.05)
                 f.evidence.append(f"the collective records agree: {lag.summary}")
+
+
+def _drop_explained_p2p(report: Report, found: List[Finding]) -> List[Finding]:
+    """A ``p2p-cycle`` (from records or from peers in the stacks) explains every send/recv wait of
+    its ranks: a ``p2p-stall`` about the same ranks ("wait with unknown peers", "waits on rank 2")
+    would contradict it, so it is folded into the cycle's detail. A stall that names a rank outside
+    every cycle, or while some rank outside the cycles also waits in send/recv, stays."""
+    cycles = [f for f in found if f.kind == "p2p-cycle"]
+    if not cycles or not any(f.kind == "p2p-stall" for f in found):
+        return found
+    from hangdoc.analysis.signatures import wait_of
+
+    in_cycle = frozenset().union(*(_ranks(f) for f in cycles))
+    waiting = {p.rank for p in report.job.processes if p.role != "dataloader-worker" and wait_of(p).category == "p2p"}
+    if None in waiting or not waiting <= in_cycle:
+        return found  # a send/recv wait the cycles do not cover: the stall may be about it
+    out: List[Finding] = []
+    for f in found:
+        if f.kind == "p2p-stall" and _ranks(f) <= in_cycle and len(_ranks(f)) == len(f.culprits):
+            head = next((c for c in cycles if _ranks(f) <= _ranks(c)), cycles[0])
+            head.detail.append(f"the stacks alone said: {f.summary} (the cycle explains these waits)")
+            continue
+        out.append(f)
+    return out
 
 
 def _who(culprits: List[Culprit]) -> str:
