@@ -402,7 +402,7 @@ class TextReport:
         if culprits:
             out.append(f"    culprits: {culprits}")
         if headline:
-            shown, detail, hidden = evidence_shown(f, self.o.verbose)
+            shown, detail, hidden = evidence_shown(f, getattr(self.o, "verbose", False))
             out += [f"    evidence: {e}" for e in shown]
             out += [f"    detail: {e}" for e in detail]
             if hidden:
