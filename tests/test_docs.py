@@ -67,12 +67,7 @@ def pages() -> List[str]:
 
 
 def blocks(page: str) -> List[Block]:
-    """The fenced blocks of one page, with their language and the marker right before them.
-
-    >>> text = "a\\n<!-- slow -->\\n```bash\\necho hi\\n```\\n  ```python\\n  print(1)\\n  ```\\n"
-    >>> [(b.line, b.lang, b.text, b.mark) for b in _parse("p.md", text)]
-    [(3, 'bash', 'echo hi\\n', 'slow'), (6, 'python', 'print(1)\\n', '')]
-    """
+    """The fenced blocks of one page, with their language and the marker right before them."""
     return _parse(page, Path(ROOT, page).read_text(encoding="utf-8"))
 
 
@@ -159,13 +154,7 @@ def _line_re(expected: str) -> "re.Pattern[str]":
 
 def matches(expected: List[str], actual: List[str]) -> bool:
     """Whether ``actual`` is ``expected``, where a ``...`` line stands for any lines and ``<…>`` for
-    any text within a line.
-
-    >>> matches(["a", "...", "z <…> end"], ["a", "b", "c", "z 12 end"])
-    True
-    >>> matches(["a", "b"], ["a", "c"])
-    False
-    """
+    any text within a line."""
     exp = [x.rstrip() for x in expected]
     act = [x.rstrip() for x in actual]
     while exp and not exp[-1]:
@@ -244,3 +233,21 @@ def test_page_blocks_run(page, tmp_path):
         if block.mark.startswith("illustrative") or not _MARKS.match(block.mark or "slow"):
             continue
         run_block(block, work, env)
+
+
+def test_the_harness_reads_marks_and_compares_like_a_reader_would(tmp_path):
+    page = "a\n<!-- slow -->\n```bash\necho hi\n```\n  ```python\n  print(1)\n  ```\n<!-- illustrative: x -->\n\n```console\n$ x\n```\n"
+    got = [(b.line, b.lang, b.text, b.mark) for b in _parse("p.md", page)]
+    assert got == [(3, "bash", "echo hi\n", "slow"), (6, "python", "print(1)\n", ""), (11, "console", "$ x\n", "illustrative: x")]
+    assert _console(Block("p.md", 1, "console", "$ a \\\n  b\nout\n$ c\n", "")) == [("a \\\n  b", ["out"]), ("c", [])]
+    assert matches(["a", "...", "z <…> end"], ["a", "b", "c", "z 12 end"])
+    assert matches(["a", "..."], ["a"]) and not matches(["a", "b"], ["a", "c"]) and not matches(["a"], ["a", "b"])
+    assert not matches(["advice: Look at skip_broadcast.py:26"], ["advice: Look at skip_broadcast.py:21"])
+    for bad in ("illustrative", "illustrative:", "slo", "file:"):  # a reason is required; typos are caught
+        assert not _MARKS.match(bad)
+    # a stale console block fails with both texts shown
+    work = _workdir(tmp_path)
+    stale = Block("p.md", 1, "console", "$ echo 2\n3\n", "")
+    with pytest.raises(AssertionError, match="printed something else"):
+        run_block(stale, work, _env(tmp_path))
+    run_block(Block("p.md", 1, "console", "$ echo 2; echo oops >&2\n2\noops\n", ""), work, _env(tmp_path))
