@@ -95,9 +95,10 @@ def confidence_note(f: Finding) -> Tuple[str, str]:
     c = f.confidence
     word = "certain" if c >= 0.9 else "likely" if c >= 0.7 else "plausible" if c >= 0.5 else "a guess"
     tip = (f"confidence {c:.2f} ({word}): how sure the rule that made this finding is, from 0 to 1; findings are "
-           "ordered by it and the first is the headline. 0.9-0.95: read from collective records (what each rank "
-           "issued, in order), exact. 0.5-0.8: inferred from stacks (where each rank waits, not which call); "
-           "below 0.5: the evidence cannot decide and every candidate is named.")
+           "ordered by it and the first is the headline. 0.85-0.95: a divergence, cycle or missing rank read from "
+           "the collective records (what each rank issued, in order): exact. At most 0.8: inferred from stacks "
+           "(where each rank waits, not which call), or records showing ranks behind without saying why. "
+           "Below 0.5: the evidence cannot decide, and every candidate is named.")
     return word, tip
 
 
