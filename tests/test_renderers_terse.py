@@ -82,3 +82,21 @@ def test_the_recorders_generated_wrapper_is_plumbing():
     finally:
         recorder.disable()
     assert not is_plumbing(Frame("wrapper", "train.py", 3))  # a user's own wrapper is not
+
+
+def test_html_shows_the_proof_and_folds_the_rest():
+    from hangdoc.model import Finding, Job, Report
+    from hangdoc.renderers import RenderOptions, render
+
+    head = Finding("collective-mismatch", "rank 2 skipped `broadcast`", evidence=["e1", "e2", "e3", "e4"],
+                   detail=["Why not blame rank 0"], confidence=0.95)
+    only_detail = Finding("p2p-stall", "s", detail=["d1"], confidence=0.4)
+    report = Report(job=Job(), findings=[head, only_detail])
+    page = render(report, "html", RenderOptions())
+    verdict = page[page.index('<section id="verdict">'):page.index("</section>")]
+    assert verdict.index("e3") < verdict.index("2 more lines") < verdict.index("e4") < verdict.index("Why not blame")
+    assert "<details><summary>2 more lines of evidence" in verdict
+    assert "rank 2 skipped <code>broadcast</code>" in verdict
+    assert 'title="confidence 0.95 (certain): how sure' in verdict
+    assert "d1" in verdict  # a finding with detail only still shows it
+    assert "<details open><summary>2 more lines" in render(report, "html", RenderOptions(verbose=True))

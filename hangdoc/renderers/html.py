@@ -343,10 +343,10 @@ class _Page:
         # Only the headline shows its reasons open; the others keep the tree near the top. The
         # headline shows the lines that prove it; the rest (-v in text) are one click away.
         out.append('<div class="cols">' if headline else '<details><summary>evidence and what to do</summary><div class="cols">')
-        shown, _, _ = evidence_shown(f, False) if headline else (list(f.evidence), [], 0)
-        rest = [x for x in f.evidence if x not in shown] + list(f.detail)
+        shown = evidence_shown(f, False)[0] if headline else list(f.evidence)
+        rest = list(f.evidence[len(shown):]) + list(f.detail)  # shown is a prefix of the evidence
         for title, items, cls2 in (("evidence", shown, "ev"), ("what to do", f.advice, "adv")):
-            if items:
+            if items or (cls2 == "ev" and rest):
                 out.append(f'<div><div class="label">{title}</div><ul class="{cls2}">')
                 out.extend(f"<li>{inline(clip(x, 2000))}</li>" for x in items[:50])
                 if len(items) > 50:
