@@ -301,10 +301,14 @@ class Finding:
     kind: str
     summary: str
     culprits: List[Culprit] = field(default_factory=list)
+    #: the lines that prove the verdict, most telling first: what a terse report shows.
     evidence: List[str] = field(default_factory=list)
     advice: List[str] = field(default_factory=list)
     #: 0..1; findings are sorted by it, highest first, and findings[0] is the headline.
     confidence: float = 0.5
+    #: supporting lines a terse report leaves out (``-v`` shows them): every rank's pending call,
+    #: what another rule alone said, why an explanation does not hold. JSON has them as ``detail``.
+    detail: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.kind not in FINDING_KINDS:
@@ -318,6 +322,7 @@ class Finding:
             "evidence": list(self.evidence),
             "advice": list(self.advice),
             "confidence": round(self.confidence, 3),
+            "detail": list(self.detail),
         }
 
 

@@ -58,7 +58,7 @@ CORRECT = textwrap.dedent('''\
     evens = dist.new_group([0, 2])
     t = torch.ones(8)
     n = 0
-    for step in range(500):
+    for step in range(350):  # odd ranks still issue over 1,000 calls; 500 steps took 20 s on 2 busy cores
         dist.all_reduce(t); n += 1
         dist.all_reduce(torch.ones(4), group=mine); n += 1
         if rank % 2 == 0:

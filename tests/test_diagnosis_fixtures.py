@@ -115,7 +115,7 @@ def test_skip_broadcast_gloo_blames_the_ranks_that_moved_on(kind):
     f = headline(os.path.join(DUMPS, "skip_broadcast", kind), rank_map("skip_broadcast"))
     assert f.kind == "collective-mismatch"
     assert culprit_ranks(f) == {1, 2, 3}
-    assert any("gloo" in e for e in f.evidence) and any("record" in a for a in f.advice)
+    assert any("gloo" in e for e in f.detail) and any("record" in a for a in f.advice)
 
 
 @pytest.mark.parametrize("kind", kinds_present("skip_broadcast_root") + ["gdb"])

@@ -117,7 +117,7 @@ def test_rank_blocked_outside_collective_is_the_culprit():
     for blocked in (sleeping, lock):
         f = head([proc(r, blocked() if r == 2 else all_reduce()) for r in range(4)])
         assert (f.kind, ranks(f)) == ("collective-mismatch", [2])
-        assert "rank 2" in f.summary and "all_reduce" in " ".join(f.evidence)
+        assert "rank 2" in f.summary and "all_reduce" in " ".join(f.evidence + f.detail)
 
 
 def test_gloo_broadcast_root_left_behind_blames_the_ranks_that_moved_on():
@@ -125,7 +125,7 @@ def test_gloo_broadcast_root_left_behind_blames_the_ranks_that_moved_on():
     f = head([proc(r, broadcast() if r == 0 else all_reduce()) for r in range(4)])
     assert f.kind == "collective-mismatch"
     assert ranks(f) == [1, 2, 3]
-    text = " ".join(f.evidence)
+    text = " ".join(f.evidence + f.detail)
     assert "gloo" in text and "records" in text and f.confidence <= 0.5
     # the other direction (NCCL-like: every receiver still waits): the one rank that moved on is named
     f = head([proc(r, all_reduce() if r == 2 else broadcast()) for r in range(4)])
@@ -136,7 +136,7 @@ def test_different_collectives_minority_and_tie():
     f = head([proc(r, all_gather() if r == 3 else all_reduce()) for r in range(4)])
     assert (f.kind, ranks(f)) == ("collective-mismatch", [3])
     f = head([proc(r, all_reduce(12) if r < 2 else all_reduce(19)) for r in range(4)])
-    assert f.kind == "collective-mismatch" and f.culprits == [] and "same size" in " ".join(f.evidence)
+    assert f.kind == "collective-mismatch" and f.culprits == [] and "same size" in " ".join(f.evidence + f.detail)
 
 
 def test_dataloader_stall_names_the_rank_and_its_stuck_worker_only():
@@ -196,7 +196,7 @@ def test_unresponsive_and_stopped():
     assert "collective-wait" not in [f.kind for f in found]  # the stopped rank explains the wait
     procs[1] = Process(host="node0", pid=1001, rank=1, status=STATUS_UNRESPONSIVE, status_detail="py-spy: Permission denied")
     f = head(procs)
-    assert (f.kind, ranks(f)) == ("unresponsive-process", [1]) and "Permission denied" in " ".join(f.evidence)
+    assert (f.kind, ranks(f)) == ("unresponsive-process", [1]) and "Permission denied" in " ".join(f.evidence + f.detail)
 
 
 def test_missing_rank():

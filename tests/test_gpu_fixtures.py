@@ -219,7 +219,7 @@ EXACT_RUNS = pytest.mark.parametrize("run", [RUN3, RUN5, RUN6], ids=["run3-event
 def blocked_in(scenario, run=RUN3):
     """Per rank, the 'blocked in' evidence of the headline: which call the records say is stuck."""
     f = analyse(read_paths([os.path.join(run, scenario)])).findings[0]
-    return f, sorted(e for e in f.evidence if " is blocked in " in e)
+    return f, sorted(e for e in f.detail if " is blocked in " in e)  # every rank's pending call: -v detail
 
 
 @pytest.mark.parametrize("scenario, kind, culprits, stuck", [
@@ -275,7 +275,7 @@ def test_sampled_records_alone_lose_the_pipeline_cycle():
 ])
 def test_flight_recorder_refines_sampled_records(scenario, kind, stuck):
     f = analyse(read_paths([os.path.join(SAMPLED, scenario)])).findings[0]
-    evidence = sorted(e for e in f.evidence if " is blocked in " in e)
+    evidence = sorted(e for e in f.detail if " is blocked in " in e)  # every rank's pending call: -v detail
     assert f.kind == kind and len(evidence) == 2
     assert all(e.startswith(s) for e, s in zip(evidence, stuck)), evidence
 
@@ -310,5 +310,5 @@ def test_run4_records_refined_in_the_job_are_exact(scenario, kind, stuck):
                 refined.append(json.loads(f.readline()).get("refined_by_flight_recorder", 0))
     assert len(refined) == 2 and all(n > 0 for n in refined), refined
     f = analyse(read_paths([d])).findings[0]
-    evidence = sorted(e for e in f.evidence if " is blocked in " in e)
+    evidence = sorted(e for e in f.detail if " is blocked in " in e)  # every rank's pending call: -v detail
     assert f.kind == kind and all(e.startswith(s) for e, s in zip(evidence, stuck)) and len(evidence) == 2, evidence

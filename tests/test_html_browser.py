@@ -284,3 +284,78 @@ def test_screenshot_of_the_bloom_384_report(tmp_path, devtools):
     # and Chromium's own command-line screenshot (what docs/report.md shows) works too
     done = chromium(tmp_path, f"--screenshot={tmp_path / 'cli.png'}", "--window-size=1200,900", page.as_uri())
     assert png_size((tmp_path / "cli.png").read_bytes()) == (1200, 900), done.stderr[-2000:]
+
+
+def deep_report():
+    """A tree five boxes deep (each branch point starts a new column), the culprit on the deepest
+    branch: drawn wider than a 1,400 px page, the culprit at its far right."""
+    from hangdoc.analysis.grouping import build_report
+    from hangdoc.model import Culprit, Finding, Frame, Job, Process, Thread
+
+    def fr(name, line):
+        return Frame(name, "pipeline_engine_with_a_long_module_name.py", line)
+
+    trunk = (fr("<module>", 1), fr("main", 10), fr("train", 20))
+    stacks = {
+        (0, 1, 2, 3): trunk + (fr("step", 30), Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2000)),
+        (4, 5): trunk + (fr("pipeline_stage_forward_and_backward", 40), fr("send_activations", 50)),
+        (6,): trunk + (fr("pipeline_stage_forward_and_backward", 40), fr("recv_gradients", 60), fr("wait_recv", 61)),
+        (7,): trunk + (fr("pipeline_stage_forward_and_backward", 40), fr("recv_gradients", 60), fr("drain_queue", 70),
+                       fr("broadcast_the_last_microbatch_from_the_culprit_rank", 71),
+                       Frame("broadcast", "torch/distributed/distributed_c10d.py", 2100)),
+        (8,): trunk + (fr("pipeline_stage_forward_and_backward", 40), fr("recv_gradients", 60), fr("drain_queue", 70),
+                       fr("reduce_scatter_the_optimizer_state_of_this_stage", 80),
+                       Frame("reduce_scatter", "torch/distributed/distributed_c10d.py", 2200)),
+    }
+    procs = [Process(host="node1", pid=100 + r, rank=r, role="rank", threads=[Thread("1", "MainThread", stack, is_main=True)])
+             for ranks, stack in stacks.items() for r in ranks]
+    report = build_report(Job(processes=procs, world_size=len(procs)))
+    report.findings = [Finding("collective-mismatch", "rank 7 called broadcast where the others called `reduce_scatter`",
+                               [Culprit("node1", 107, 7)], ["rank 7: broadcast at `drain_queue`"], confidence=0.8)]
+    return report
+
+
+def test_culprit_branch_in_view_without_scrolling_at_1400(tmp_path):
+    """The culprit's deepest box (and its group badge) is on screen at 1400x900 as the page opens,
+    though the tree is wider than the page; a clipped frame name has its whole name as a tooltip;
+    backticks are code; the confidence says what it means."""
+    page = tmp_path / "deep.html"
+    write_atomic(str(page), render(deep_report(), "html", RenderOptions()))
+    d = DevTools(tmp_path, 1400, 900)
+    try:
+        d.open(page.as_uri())
+        width = d.js("document.querySelector('svg.tree').getBoundingClientRect().width")
+        assert width > 1400, "the tree must be wider than the page for this test to mean anything"
+        rect = d.js(
+            "(function(){var bs=document.querySelectorAll('svg.tree .box.culprit'), best=null;"
+            "for (var i=0;i<bs.length;i++){var r=bs[i].getBoundingClientRect(); if(!best||r.right>best.right) best=r;}"
+            "return {left:best.left, right:best.right, top:best.top, bottom:best.bottom};})()"
+        )
+        badge = d.js("(function(){var r=document.querySelector('svg.tree a.badge.culprit').getBoundingClientRect();"
+                     "return {left:r.left, right:r.right, top:r.top, bottom:r.bottom};})()")
+        for r in (rect, badge):
+            assert 0 <= r["left"] and r["right"] <= 1400 and 0 <= r["top"] and r["bottom"] <= 900, r
+        assert d.js("window.scrollX") == 0 and d.js("window.scrollY") == 0  # the page itself did not move
+        assert d.js("document.querySelector('#verdict .verdict').getBoundingClientRect().top") < 200
+        shot = d.call("Page.captureScreenshot", {"format": "png"})
+        import base64
+
+        data = base64.b64decode(shot["data"])
+        assert png_size(data) == (1400, 900)
+        keep = os.environ.get("HANGDOC_ARTIFACTS")
+        if keep:
+            os.makedirs(keep, exist_ok=True)
+            Path(keep, "report-deep-1400.png").write_bytes(data)
+        # every frame name cut with an ellipsis carries its whole label as a tooltip
+        cut = d.js("Array.from(document.querySelectorAll('svg.tree text')).filter(function(t){"
+                   "return t.querySelector('tspan.fn') && t.querySelector('tspan.fn').textContent.indexOf('…')>=0})"
+                   ".map(function(t){var s=t.querySelector('title'); return [t.querySelector('tspan.fn').textContent,"
+                   " s ? s.textContent : '']})")
+        assert len(cut) >= 2, cut  # the long names were cut...
+        for shown, title in cut:  # ...and each shows its whole label on hover
+            assert title.startswith(shown.rstrip("…")) and len(title) > len(shown), (shown, title)
+        assert d.js("document.querySelector('#verdict .summary code').textContent") == "reduce_scatter"
+        conf = d.js("document.querySelector('#verdict .conf').getAttribute('title')")
+        assert "from 0 to 1" in conf and "collective records" in conf and "stacks" in conf
+    finally:
+        d.close()

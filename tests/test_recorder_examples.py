@@ -114,4 +114,4 @@ def test_real_nccl_records_show_the_gpu_side_hang():
     head = record_rules.findings(Report(job=Job(records=recs)))[0]
     assert head.kind == "collective-mismatch" and [c.rank for c in head.culprits] == [1]
     assert head.summary == "rank 1 skipped all_reduce #3 (gpu_skip.py:50); everything after it is fallout"
-    assert any("rank 0 is blocked in all_reduce([1024] float32) #3" in e for e in head.evidence)
+    assert any("rank 0 is blocked in all_reduce([1024] float32) #3" in e for e in head.detail)

@@ -55,6 +55,7 @@ def diagnose(report: Report) -> List[Finding]:
             origins[id(f)] = _ORIGIN.get(spec, spec)
         found.extend(got)
     found = merge(found, origins)
+    found = _drop_explained_p2p(report, found)
     if found:
         found[0].evidence.extend(_process_notes(report, found[0]))
     if not found:
@@ -98,8 +99,8 @@ def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> Lis
     findings of one kind from different rules (``origins``: ``id(finding)`` → what it rests on) into one.
 
     The folded finding is the more confident one (records are exact, stacks are not): it keeps its
-    culprits and gains the other's summary and distinct evidence; when the other pointed at different
-    processes, the evidence says so. Findings of one rule are never folded together (the record rules
+    culprits and gains the other's summary and distinct evidence as ``detail``; when the other pointed
+    at different processes, that detail says so. Findings of one rule are never folded together (the record rules
     report one divergence per process group on purpose).
 
     >>> from hangdoc.model import Culprit
@@ -108,8 +109,8 @@ def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> Lis
     >>> [m] = merge([stk, rec], {id(rec): "collective records", id(stk): "stacks"})
     >>> m.summary, [c.rank for c in m.culprits]
     ('rank 2 skipped broadcast #3', [2])
-    >>> m.evidence[1:]
-    ['the stacks alone said: rank 0 waits in broadcast (pointing at ranks 1-2, not only at rank 2)', 'rank 0: broadcast']
+    >>> m.evidence, m.detail
+    (['rank 2 never issued it'], ['the stacks alone said: rank 0 waits in broadcast (pointing at ranks 1-2, not only at rank 2)', 'rank 0: broadcast'])
     """
     real = [f for f in found if f.kind != "no-hang"]
     if origins:
@@ -154,6 +155,30 @@ def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
                 f.evidence.append(f"the {origins.get(id(lag))} agree: {lag.summary}")
 
 
+def _drop_explained_p2p(report: Report, found: List[Finding]) -> List[Finding]:
+    """A ``p2p-cycle`` (from records or from peers in the stacks) explains every send/recv wait of
+    its ranks: a ``p2p-stall`` about the same ranks ("wait with unknown peers", "waits on rank 2")
+    would contradict it, so it is folded into the cycle's detail. A stall that names a rank outside
+    every cycle, or while some rank outside the cycles also waits in send/recv, stays."""
+    cycles = [f for f in found if f.kind == "p2p-cycle"]
+    if not cycles or not any(f.kind == "p2p-stall" for f in found):
+        return found
+    from hangdoc.analysis.signatures import wait_of
+
+    in_cycle = frozenset().union(*(_ranks(f) for f in cycles))
+    waiting = {p.rank for p in report.job.processes if p.role != "dataloader-worker" and wait_of(p).category == "p2p"}
+    if None in waiting or not waiting <= in_cycle:
+        return found  # a send/recv wait the cycles do not cover: the stall may be about it
+    out: List[Finding] = []
+    for f in found:
+        if f.kind == "p2p-stall" and _ranks(f) <= in_cycle and len(_ranks(f)) == len(f.culprits):
+            head = next((c for c in cycles if _ranks(f) <= _ranks(c)), cycles[0])
+            head.detail.append(f"the stacks alone said: {f.summary} (the cycle explains these waits)")
+            continue
+        out.append(f)
+    return out
+
+
 def _who(culprits: List[Culprit]) -> str:
     ranks = [c.rank for c in culprits if c.rank is not None]
     rest = [c for c in culprits if c.rank is None]
@@ -177,6 +202,7 @@ def _fold(head: Finding, other: Finding, origin: str) -> None:
     elif theirs and theirs != mine:
         note += f" (pointing at {_who(other.culprits)}, not only at {_who(head.culprits)})" if mine <= theirs else \
             f" (pointing at {_who(other.culprits)} instead)"
-    have = set(head.evidence)
-    head.evidence.append(note)
-    head.evidence.extend(e for e in other.evidence if e not in have)
+    # the more exact rule already proves the verdict: the other's view is supporting detail
+    have = set(head.evidence) | set(head.detail)
+    head.detail.append(note)
+    head.detail.extend(e for e in other.evidence + other.detail if e not in have)

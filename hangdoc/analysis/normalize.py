@@ -150,6 +150,10 @@ _PLUMBING_PY = {
     ("__init__", "multiprocessing/popen_fork.py"),
     ("ForkProcess._Popen", "multiprocessing/context.py"),
     ("_Popen", "multiprocessing/context.py"),
+    # hangdoc's collective recorder: its wrapper around each collective is generated code, so
+    # faulthandler and py-spy name its file <string> (hangdoc/runtime/recorder.py, _make_fast_wrapper)
+    ("wrapper", "<string>"),
+    ("factory.<locals>.wrapper", "<string>"),
     ("_WorkItem.run", "concurrent/futures/thread.py"),
     ("_worker", "concurrent/futures/thread.py"),
     ("run", "concurrent/futures/thread.py"),
@@ -233,6 +237,8 @@ def is_plumbing(frame: "Frame") -> bool:
     >>> is_plumbing(Frame("c10d::Work::wait", "libtorch_cpu.so", native=True))
     False
     >>> is_plumbing(Frame("wrapper", "/work/main/hangdoc/runtime/recorder.py", 670))  # hangdoc's own
+    True
+    >>> is_plumbing(Frame("wrapper", "<string>", 69))  # the recorder's generated wrapper
     True
     """
     return _plumbing(frame.function, frame.file, frame.native)

@@ -131,7 +131,7 @@ def findings(report: Report) -> List[Finding]:
         evidence += [x.summary for x in same_group[:3]]
         if len(same_group) > 3:
             evidence.append(f"... and {len(same_group) - 3} more divergences in group {d.group}")
-        evidence += _count_lines(records, d.group) + pending_ev
+        evidence += _count_lines(records, d.group)
         if d.ambiguous:
             evidence.append("only two sides disagree, so the records alone cannot say which one is wrong")
         elif d.basis == "history":
@@ -147,7 +147,7 @@ def findings(report: Report) -> List[Finding]:
             advice.append("A rank-dependent condition (if rank == ..., uneven data, an early exit) usually skips it.")
         out.append(Finding(
             kind="collective-mismatch", summary=_headline(d), culprits=_culprits(report, d.ranks),
-            evidence=evidence, advice=advice,
+            evidence=evidence, advice=advice, detail=list(pending_ev),
             confidence=CONFIDENCE_TIE if d.ambiguous else CONFIDENCE_HISTORY if d.basis == "history" else CONFIDENCE_EXACT,
         ))
 
@@ -178,7 +178,8 @@ def findings(report: Report) -> List[Finding]:
             advice = ["Every rank must enter shared process groups' collectives in the same order: "
                       + " and ".join(sequence.site(x) for _, x in sides) + " run in a different order on each side."]
         out.append(Finding(kind=kind, summary=head, culprits=_culprits(report, ranks),
-                           evidence=[c.summary] + pending_ev, advice=advice, confidence=CONFIDENCE_CYCLE))
+                           evidence=[c.summary], advice=advice, confidence=CONFIDENCE_CYCLE,
+                           detail=list(pending_ev)))
 
     for m in sequence.stream_mismatches(records):
         head = (f"{describe_ranks(m.ranks)} issued {m.actual.op} #{m.actual.seq} ({sequence.site(m.actual)}) on "
@@ -186,7 +187,7 @@ def findings(report: Report) -> List[Finding]:
                 f"other ranks issued it on {getattr(m.expected, m.what)!r}")
         out.append(Finding(
             kind="stream-misplacement", summary=head, culprits=_culprits(report, m.ranks),
-            evidence=[m.summary] + pending_ev,
+            evidence=[m.summary], detail=list(pending_ev),
             advice=["Issue the op under the same torch.cuda.stream(...) context on every rank (and in the same "
                     "phase): NCCL orders work per stream, so a collective on another stream waits behind "
                     "unrelated work and the two streams deadlock across ranks."],
@@ -241,7 +242,7 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
                      f"({sequence.site(x)}) for {describe_ranks(lag.ranks)}, which {'is' if len(lag.ranks) == 1 else 'are'} "
                      f"behind and never issued it"),
             culprits=_culprits(report, elsewhere),
-            evidence=evidence + pending_ev,
+            evidence=evidence, detail=list(pending_ev),
             advice=[f"Find out where {describe_ranks(lag.ranks)} {'is' if len(lag.ranks) == 1 else 'are'} instead: its "
                     f"stack (a DataLoader wait, a lock, a sleep, a slow step) says why the {x.op} never comes."],
             confidence=CONFIDENCE_LAG_STACKS if elsewhere else CONFIDENCE_LAG,

@@ -618,6 +618,7 @@ class _Analysis:
 
     def _mismatch(self, places, blocked: List[_Bucket], busy: List[_Bucket], loop_notes: List[str]) -> None:
         evidence = self.evidence_lines([b for _, _, bs in places for b in bs] + blocked + busy)
+        detail: List[str] = []  # why the verdict reads as it does: shown with -v
         advice: List[str] = []
         waiting_b = [b for _, _, bs in places for b in bs]
         nw = _count(waiting_b)
@@ -639,7 +640,7 @@ class _Analysis:
                 summary = (f"{self.who_b(bs)} {_s(ps, 'waits', 'wait')} in {w.describe()} while {self.who_b(moved_b)} "
                            f"{_s(moved, 'is', 'are')} in other collectives: "
                            f"{'' if len(moved) == 1 else 'one of '}{self.who_b(moved_b)} never joined the {w.op}")
-                evidence.append(
+                detail.append(
                     f"Why not blame the ranks stuck in {w.op}: with gloo, the receivers of a {w.op} return as soon as they "
                     f"have the data while the root still waits for every receiver, so ranks that moved on include the one "
                     f"that skipped it. " + (f"Stacks cannot tell which of {self.who_b(moved_b)} that is; the collective records can."
@@ -654,18 +655,19 @@ class _Analysis:
                 culprits = [p for _, ps, _ in places if len(ps) < biggest for p in ps] if sizes.count(biggest) < len(sizes) else []
                 groups = "; ".join(f"{self.who_b(bs)} in {w.describe()}" for w, _, bs in places)
                 summary = f"ranks wait in different collectives: {groups}"
-                evidence.append("Each side waits for the other to join its collective; the side that took a different code path "
+                detail.append("Each side waits for the other to join its collective; the side that took a different code path "
                                 "is to blame" + (f", most likely the smaller one ({who(culprits)})" if culprits else
                                                  ", and the groups are the same size, so stacks cannot say which"))
                 conf = 0.6 if culprits else 0.4
-            evidence.append("If these ranks belong to different process groups (pipeline stages, tensor-parallel groups), "
+            detail.append("If these ranks belong to different process groups (pipeline stages, tensor-parallel groups), "
                             "different collectives at the same moment can be normal; the collective records settle it.")
             advice.append("Look for a rank-dependent branch around these call sites (`if rank == ...`, an early `continue`/"
                           "`return`, data-dependent loop counts) that lets some ranks skip or add a collective.")
         if busy:
-            evidence.append(f"{self.who_b(busy)} {'is' if _count(busy) == 1 else 'are'} computing (not blamed: a running rank may just be slow)")
+            detail.append(f"{self.who_b(busy)} {'is' if _count(busy) == 1 else 'are'} computing (not blamed: a running rank may just be slow)")
         advice.append(_RECORDS_ADVICE)
-        self.out.append(Finding("collective-mismatch", summary, _culprits(culprits), evidence + loop_notes, advice, conf))
+        self.out.append(Finding("collective-mismatch", summary, _culprits(culprits), evidence + loop_notes, advice, conf,
+                                detail=detail))
 
     def _loop_notes(self, places) -> List[str]:
         notes = []

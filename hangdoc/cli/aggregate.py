@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (atomically) instead of stdout")
     parser.add_argument("--granularity", choices=("function+line", "function"), default="function+line", help="how frames are compared when grouping (default: function+line)")
     parser.add_argument("--rank-map", metavar="FILE", help="map processes to ranks: JSON {\"host:pid\": rank} or lines 'KEY RANK' (KEY is host:pid or pid)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="every evidence line of the verdict (text, markdown, html); the default shows the few that prove it, JSON has all")
     parser.add_argument("--show-plumbing", action="store_true", help="show library plumbing frames (launcher wrappers, torch internals) instead of folding them")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour the text report (auto: only when stdout is a terminal)")
     parser.add_argument("--max-groups", type=int, default=None, metavar="N", help="groups shown in text, markdown and html (JSON has all)")
@@ -87,7 +88,8 @@ def _run(args: argparse.Namespace) -> int:
         from hangdoc.renderers import RenderOptions, render
 
         color = args.color == "always" or (args.color == "auto" and not args.output and _is_tty(sys.stdout) and "NO_COLOR" not in os.environ)
-        options = RenderOptions(color=color and fmt == "text", show_plumbing=args.show_plumbing, max_groups=args.max_groups)
+        options = RenderOptions(color=color and fmt == "text", show_plumbing=args.show_plumbing, max_groups=args.max_groups,
+                                verbose=args.verbose)
         try:
             text = render(report, fmt, options)
         except ImportError as e:

@@ -27,6 +27,8 @@ class RenderOptions:
     show_plumbing: bool = False
     #: cap on tree depth/width for huge inputs; None = renderer's default.
     max_groups: Optional[int] = None
+    #: every evidence and detail line of the headline (``-v``); terse by default.
+    verbose: bool = False
 
 
 def render(report, fmt: str = "text", options: Optional[RenderOptions] = None) -> str:

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from hangdoc.model import STATUS_OK, Culprit, Finding, Frame, Process, Report
 from hangdoc.ranges import compress_hosts, compress_ranks, describe_ranks
 from hangdoc.renderers import treeview
+from hangdoc.renderers.text import evidence_shown
 from hangdoc.renderers.treeview import Line, View, ViewNode
 
 # Sizes of the drawn tree, in px. Frames are in a monospace font so that widths can be computed
@@ -67,6 +68,38 @@ def esc(value: object) -> str:
     """
     text = _CONTROL.sub("\ufffd", str(value))
     return html.escape(text, quote=True)
+
+
+def inline(text: str) -> str:
+    """Escaped text whose `backticked` spans (the Markdown the rules write) become ``<code>``.
+
+    >>> inline("run `hangdoc dump` <now>")
+    'run <code>hangdoc dump</code> &lt;now&gt;'
+    >>> inline("an odd ` stays")
+    'an odd ` stays'
+    """
+    parts = text.split("`")
+    if len(parts) < 3:
+        return esc(text)
+    if len(parts) % 2 == 0:  # an unpaired backtick: the last one stays as it is
+        parts[-2:] = [parts[-2] + "`" + parts[-1]]
+    return "".join(f"<code>{esc(x)}</code>" if k % 2 else esc(x) for k, x in enumerate(parts))
+
+
+def confidence_note(f: Finding) -> Tuple[str, str]:
+    """(a word for the finding's confidence, a tooltip saying what the number means and where it comes from).
+
+    >>> confidence_note(Finding("collective-mismatch", "s", confidence=0.95))[0]
+    'certain'
+    """
+    c = f.confidence
+    word = "certain" if c >= 0.9 else "likely" if c >= 0.7 else "plausible" if c >= 0.5 else "a guess"
+    tip = (f"confidence {c:.2f} ({word}): how sure the rule that made this finding is, from 0 to 1; findings are "
+           "ordered by it and the first is the headline. 0.85-0.95: a divergence, cycle or missing rank read from "
+           "the collective records (what each rank issued, in order): exact. At most 0.8: inferred from stacks "
+           "(where each rank waits, not which call), or records showing ranks behind without saying why. "
+           "Below 0.5: the evidence cannot decide, and every candidate is named.")
+    return word, tip
 
 
 def clip(text: str, limit: int) -> str:
@@ -149,6 +182,20 @@ _SCRIPT = """
       if (gs.indexOf(g) >= 0) { boxes[i].classList.toggle('hl', on); }
     }
   }
+  // A tree wider than the page scrolls inside its box: start it scrolled so that the culprit's
+  // deepest box (its branch and its group's badge) is in view, not off to the right.
+  var sc = document.querySelector('#tree .scroll');
+  var cs = sc ? sc.querySelectorAll('svg.tree .box.culprit') : [];
+  if (cs.length) {
+    var far = cs[0], farx = -1;
+    for (var k = 0; k < cs.length; k++) {
+      var b = cs[k].getBoundingClientRect();
+      if (b.right > farx) { far = cs[k]; farx = b.right; }
+    }
+    var r = far.getBoundingClientRect(), c = sc.getBoundingClientRect();
+    if (r.right > c.right - 12) { sc.scrollLeft += Math.min(r.right - c.right + 24, r.left - c.left - 24); }
+    if (r.bottom > c.bottom - 12) { sc.scrollTop += Math.min(r.bottom - c.bottom + 24, r.top - c.top - 24); }
+  }
   var rows = document.querySelectorAll('[data-group]');
   for (var i = 0; i < rows.length; i++) {
     rows[i].addEventListener('mouseenter', function () { mark(this.getAttribute('data-group'), true); });
@@ -175,7 +222,8 @@ code, .mono { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-
 .verdict.calm .kind { background: var(--ok); }
 .finding { border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; margin-top: 10px; }
 .finding .summary { font-weight: 600; }
-.conf { color: var(--muted); font-size: 12px; margin-left: 6px; }
+.conf { color: var(--muted); font-size: 12px; margin-left: 6px; cursor: help; text-decoration: underline dotted; }
+li.more { list-style: none; margin-left: -16px; }
 .culprits a, a.g { color: var(--bad); font-weight: 600; }
 ul.ev, ul.adv { margin: 4px 0; padding-left: 20px; font-size: 13px; }
 .cols { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 0 28px; }
@@ -229,7 +277,7 @@ def render(report: Report, options) -> str:
 
     options = options or RenderOptions()
     view = treeview.build_view(report, options.max_groups, options.show_plumbing)
-    page = _Page(report, view)
+    page = _Page(report, view, verbose=getattr(options, "verbose", False))
     return page.render()
 
 
@@ -238,9 +286,10 @@ def _sha256(text: str) -> str:
 
 
 class _Page:
-    def __init__(self, report: Report, view: View):
+    def __init__(self, report: Report, view: View, verbose: bool = False):
         self.report = report
         self.view = view
+        self.verbose = verbose
         self.groups = report.groups
         self.total = sum(g.count for g in self.groups)
         self._culprit_index: Optional[Dict[Tuple, int]] = None
@@ -270,12 +319,15 @@ class _Page:
         return f'<a href="#group-{i + 1}">{esc(who)}</a> <span class="note">→ stack G{i + 1}</span>'
 
     def finding_html(self, f: Finding, headline: bool) -> str:
+        verbose = self.verbose
         out: List[str] = []
         calm = f.kind == "no-hang"
         cls = ("verdict calm" if calm else "verdict") if headline else "finding"
         out.append(f'<div class="{cls}">')
-        out.append(f'<span class="kind">{esc(f.kind)}</span><span class="conf">confidence {f.confidence:.2f}</span>')
-        out.append(f'<div class="summary">{esc(f.summary)}</div>')
+        word, tip = confidence_note(f)
+        out.append(f'<span class="kind">{esc(f.kind)}</span>'
+                   f'<span class="conf" title="{esc(tip)}">confidence {f.confidence:.2f}: {word}</span>')
+        out.append(f'<div class="summary">{inline(f.summary)}</div>')
         if f.culprits:
             ranks = [c.rank for c in f.culprits if c.rank is not None]
             shown = f.culprits[:MAX_CULPRITS]
@@ -285,17 +337,27 @@ class _Page:
                 rest = f" (all ranks: {esc(clip(compress_ranks(ranks), MAX_TEXT))})" if ranks else ""
                 out.append(f' <span class="note">and {_num(len(f.culprits) - len(shown))} more{rest}</span>')
             out.append("</div>")
-        if not (f.evidence or f.advice):
+        if not (f.evidence or f.advice or f.detail):
             out.append("</div>")
             return "\n".join(out)
-        # Only the headline shows its reasons open; the others keep the tree near the top.
+        # Only the headline shows its reasons open; the others keep the tree near the top. The
+        # headline shows the lines that prove it; the rest (-v in text) are one click away.
         out.append('<div class="cols">' if headline else '<details><summary>evidence and what to do</summary><div class="cols">')
-        for title, items, cls2 in (("evidence", f.evidence, "ev"), ("what to do", f.advice, "adv")):
-            if items:
+        shown = evidence_shown(f, False)[0] if headline else list(f.evidence)
+        rest = list(f.evidence[len(shown):]) + list(f.detail)  # shown is a prefix of the evidence
+        for title, items, cls2 in (("evidence", shown, "ev"), ("what to do", f.advice, "adv")):
+            if items or (cls2 == "ev" and rest):
                 out.append(f'<div><div class="label">{title}</div><ul class="{cls2}">')
-                out.extend(f"<li>{esc(clip(x, 2000))}</li>" for x in items[:50])
+                out.extend(f"<li>{inline(clip(x, 2000))}</li>" for x in items[:50])
                 if len(items) > 50:
                     out.append(f'<li class="note">… {_num(len(items) - 50)} more</li>')
+                if cls2 == "ev" and rest:
+                    out.append(f'<li class="more"><details{" open" if verbose else ""}><summary>{_plural(len(rest), "more line")} '
+                               'of evidence</summary><ul class="ev">')
+                    out.extend(f"<li>{inline(clip(x, 2000))}</li>" for x in rest[:50])
+                    if len(rest) > 50:
+                        out.append(f'<li class="note">… {_num(len(rest) - 50)} more (see <code>--format json</code>)</li>')
+                    out.append("</ul></details></li>")
                 out.append("</ul></div>")
         out.append("</div></div>" if headline else "</div></details></div>")
         return "\n".join(out)
@@ -631,7 +693,10 @@ class _TreePicture:
         y = max(MARGIN, min(y, self.content_bottom - height))
         self.max_bottom = max(self.max_bottom, y + height)
         self.max_right = max(self.max_right, x + width)
-        text = "".join(f'<text x="{x + 10:.0f}" y="{y + 19 + 15 * k:.0f}">{esc(r)}</text>' for k, r in enumerate(rows))
+        full = [f.label() for f in frames] + [""]
+        text = "".join(f'<text x="{x + 10:.0f}" y="{y + 19 + 15 * k:.0f}">'
+                       + (f"<title>{esc(full[k])}</title>" if r != full[k] and full[k] else "") + f"{esc(r)}</text>"
+                       for k, r in enumerate(rows))
         return (
             f'<g class="pop" id="{pop_id}" data-pop="{pop_id}">'
             f'<rect x="{x:.0f}" y="{y:.0f}" width="{width:.0f}" height="{height:.0f}" rx="4"/>{text}</g>'

@@ -16,7 +16,8 @@ from typing import List
 
 from hangdoc.model import STATUS_OK, Report
 from hangdoc.ranges import compress_ranks
-from hangdoc.renderers.text import DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, describe_culprits, plural, printable, roles, tree_lines
+from hangdoc.renderers.text import (DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, describe_culprits, evidence_shown, plural, printable,
+                                    roles, tree_lines)
 
 
 def render(report: Report, options) -> str:
@@ -31,7 +32,11 @@ def render(report: Report, options) -> str:
         out += [f"## Verdict: `{head.kind}`", "", f"**{_md(head.summary)}**", ""]
         if head.culprits:
             out += [f"- culprits: {_md(describe_culprits(head.culprits))}"]
-        out += [f"- evidence: {_md(e)}" for e in head.evidence]
+        shown, detail, hidden = evidence_shown(head, getattr(options, "verbose", False))
+        out += [f"- evidence: {_md(e)}" for e in shown]
+        out += [f"- detail: {_md(e)}" for e in detail]
+        if hidden:
+            out.append(f"- ({plural(hidden, 'more evidence line')}: `hangdoc aggregate -v` or `--format json` has them)")
         out += [f"- advice: {_md(a)}" for a in head.advice]
         out.append("")
         if len(r.findings) > 1:

@@ -229,6 +229,24 @@ def describe_culprits(culprits) -> str:
     return s
 
 
+#: evidence lines of the headline a terse report shows (``-v`` shows all, JSON has all).
+TERSE_EVIDENCE = 3
+
+
+def evidence_shown(f: Finding, verbose: bool) -> Tuple[List[str], List[str], int]:
+    """(evidence lines to show, detail lines to show, how many lines are left out): terse, the
+    lines that prove the verdict, at most :data:`TERSE_EVIDENCE`; ``verbose``, every line.
+
+        >>> f = Finding("collective-mismatch", "s", evidence=["a", "b", "c", "d"], detail=["why"])
+        >>> evidence_shown(f, False), evidence_shown(f, True)
+        ((['a', 'b', 'c'], [], 2), (['a', 'b', 'c', 'd'], ['why'], 0))
+    """
+    if verbose:
+        return list(f.evidence), list(f.detail), 0
+    shown = list(f.evidence[:TERSE_EVIDENCE])
+    return shown, [], len(f.evidence) + len(f.detail) - len(shown)
+
+
 def tree_lines(
     report: Report,
     sets: Sets,
@@ -384,8 +402,11 @@ class TextReport:
         if culprits:
             out.append(f"    culprits: {culprits}")
         if headline:
-            for e in f.evidence:
-                out.append(f"    evidence: {e}")
+            shown, detail, hidden = evidence_shown(f, getattr(self.o, "verbose", False))
+            out += [f"    evidence: {e}" for e in shown]
+            out += [f"    detail: {e}" for e in detail]
+            if hidden:
+                out.append(self.paint(f"    (+{plural(hidden, 'more evidence line')}: -v shows them)", "dim"))
             for a in f.advice:
                 out.append(f"    advice: {a}")
         return out
