@@ -201,9 +201,14 @@ def _detail(events: List[LogEvent]) -> List[Finding]:
         if mism[0].fields.get("differ"):
             lines.append(f"DETAIL says they differ in: {mism[0].fields['differ']}")
         lines.append(_cite(mism[0]))
-        summary = (f"{_who(odd)} {'runs' if len(odd) == 1 else 'run'} a different collective than the other ranks "
-                   "(TORCH_DISTRIBUTED_DEBUG=DETAIL)" if majority else
-                   f"{_who(odd)} run different collectives and no side is the majority: one of them is wrong")
+        if majority:
+            summary = (f"{_who(odd)} {'runs' if len(odd) == 1 else 'run'} a different collective than the other ranks "
+                       "(TORCH_DISTRIBUTED_DEBUG=DETAIL)")
+        elif len(odd) == 1:
+            summary = (f"{_who(odd)} runs a collective that another rank does not (TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                       "printed only this side): it, or the rank it was compared with, is wrong")
+        else:
+            summary = f"{_who(odd)} run different collectives and no side is the majority: one of them is wrong"
         out.append(Finding("collective-mismatch", summary, _culprits(mism, odd), _cap(lines),
                            ["Compare the call sites of the two collectives: a rank-dependent branch or a different "
                             "model/data path issued a different op or shape.",
@@ -223,7 +228,7 @@ def _detail(events: List[LogEvent]) -> List[Finding]:
         out.append(Finding("collective-mismatch",
                            f"{_who(late)} did not reach monitoredBarrier: {'it is' if len(late) == 1 else 'they are'} "
                            "elsewhere (stuck, or in another collective)",
-                           [Culprit(rank=r) for r in late], _cap([_cite(e) for e in bar]),
+                           [Culprit(rank=r) for r in late], _cap(list(dict.fromkeys(_cite(e) for e in bar))),
                            [f"Dump the stack of {_who(late)} (`hangdoc dump` on its node) to see where it is."], 0.9))
     return out
 
