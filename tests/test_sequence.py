@@ -213,3 +213,13 @@ def test_two_ranks_the_one_breaking_the_loops_period_is_blamed():
 def test_periodic_next_continues_any_repeated_loop(body, times):
     seq = body * times
     assert sequence.periodic_next(seq[:-1]) == seq[-1]
+
+
+def test_two_ranks_skipping_the_same_op_are_one_finding_naming_both():
+    ops = [0, 1, 0, 1, 0]
+    seqs = {r: list(ops) for r in range(8)}
+    for r in (5, 6):
+        seqs[r] = [0, 1, 0, 0]  # both leave out the second broadcast
+    found = [f for f in record_rules.findings(Report(job=Job(records=make(seqs, last_issued=False))))
+             if f.kind == "collective-mismatch"]
+    assert len(found) == 1 and sorted(c.rank for c in found[0].culprits) == [5, 6], [f.summary for f in found]

@@ -112,6 +112,26 @@ def _headline(d: sequence.Divergence) -> str:
     return d.summary
 
 
+def _key(x: Optional[CollectiveRecord]) -> Tuple:
+    return (x.op, x.call_site, x.shapes, x.dtypes, x.root) if x is not None else ()
+
+
+def _together(divs: List[sequence.Divergence]) -> List[sequence.Divergence]:
+    """Ranks that left the group the same way at the same op (two ranks that both skipped the same
+    broadcast) are one divergence naming all of them: several culprits, one finding."""
+    out: List[sequence.Divergence] = []
+    for d in divs:
+        for o in out:
+            if (o.group, o.kind, o.index, _key(o.expected), _key(o.actual)) == \
+                    (d.group, d.kind, d.index, _key(d.expected), _key(d.actual)):
+                o.ranks = sorted(set(o.ranks) | set(d.ranks))
+                o.agreeing = [r for r in o.agreeing if r not in o.ranks]
+                break
+        else:
+            out.append(d)
+    return out
+
+
 def findings(report: Report) -> List[Finding]:
     """Findings from ``report.job.records`` (empty when there are none)."""
     records = sequence.one_origin(report.job.records)
@@ -121,7 +141,7 @@ def findings(report: Report) -> List[Finding]:
     pending_ev = _pending_lines(records)
 
     seen_groups = set()
-    divs = sequence.divergences(records, hung=True)  # a hang: nobody ran to its end
+    divs = _together(sequence.divergences(records, hung=True))  # a hang: nobody ran to its end
     for d in divs:
         if d.group in seen_groups:
             continue

@@ -295,7 +295,8 @@ def _warn_unread(job) -> None:
     bad = [e for s in job.sources for e in s.errors[:1] if (e.line == 0 or not (s.processes or s.records or s.events))
            and s.path != "rank map"]
     for e in bad[:MAX_WARNINGS]:
-        print(f"hangdoc aggregate: warning: {e}", file=sys.stderr)
+        where = f"{e}" if e.source != "evidence" else e.message  # a note on the whole evidence, not a file
+        print(f"hangdoc aggregate: warning: {where}", file=sys.stderr)
     if len(bad) > MAX_WARNINGS:
         print(f"hangdoc aggregate: warning: … and {len(bad) - MAX_WARNINGS} more files not read", file=sys.stderr)
 
