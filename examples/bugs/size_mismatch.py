@@ -1,8 +1,9 @@
 """Rank 3 all-reduces a tensor of another size (its last bucket holds 16 floats, the others' 8).
 
 Every rank all-reduces a bucket of gradients; rank 3 built its buckets from a model with one more
-layer, so at step 3 its bucket has 16 elements where the others' have 8. gloo either aborts the
-receiving side (message longer than the buffer) or waits; either way the bug is rank 3's size.
+layer, so at step 3 its bucket has 16 elements where the others' have 8. gloo aborts a receiving
+process (enforce failure: message longer than its buffer); measured here, the job dies within a
+second of the call. The bug is rank 3's size, whichever process gloo kills.
 
     torchrun --nproc-per-node 4 examples/bugs/size_mismatch.py
 """
