@@ -3,13 +3,14 @@
     nice python benchmarks/bug_matrix.py                       # all scenarios, all columns
     python benchmarks/bug_matrix.py --only skip_broadcast,lock_twice --columns injob,aggregate
 
-Four runs of each scenario under ``torchrun`` (gloo, CPU), each with hard time limits and the
+Five runs of each scenario under ``torchrun`` (gloo, CPU), each with hard time limits and the
 whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
 
-* **hangdoc**: ``torchrun -m hangdoc --record --hang-timeout 8 --detect --out OUT script``. Columns
-  ``injob`` (the watchdog's ``OUT/report.json``), ``aggregate`` (``hangdoc aggregate OUT --format
-  json`` after the job is stopped) and ``detect`` (``OUT/divergence.json``; the detector only logs
-  and writes that file under its default ``warn`` policy).
+* **hangdoc**: ``torchrun -m hangdoc --record --hang-timeout 8 --out OUT script``. Columns ``injob``
+  (the watchdog's ``OUT/report.json``; for a job that only is slow, as it stands when the job has
+  ended) and ``aggregate`` (``hangdoc aggregate OUT --format json`` after the job is stopped).
+* **detect**: ``torchrun -m hangdoc --detect --out OUT script``; column ``detect`` is
+  ``OUT/divergence.json`` (the detector's deviants), waited for up to 8 s after the hang point.
 * **plain**: the script alone; once every rank printed ``HANG-POINT`` (or the job died) and 3 s
   passed, ``py-spy dump --subprocesses --pid RANK`` of every rank, then ``hangdoc aggregate
   --rank-map`` of those dumps (the pid -> rank map read from each rank's ``RANK`` variable).
@@ -35,6 +36,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,7 +58,8 @@ import matrix_judge  # noqa: E402
 BUGS = os.path.join(ROOT, "examples", "bugs")
 COLUMNS = ("injob", "aggregate", "detect", "pyspy", "detail", "fr")
 #: which run feeds which columns
-RUNS = {"hangdoc": ("injob", "aggregate", "detect"), "plain": ("pyspy",), "detail": ("detail",), "fr": ("fr",)}
+RUNS = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",), "detail": ("detail",),
+        "fr": ("fr",)}
 HANG_TIMEOUT = 8
 #: seconds for a job to reach its hang point (torch import and rendezvous on 2 shared cores)
 START_LIMIT = 120.0
@@ -67,6 +70,8 @@ PYSPY = shutil.which("py-spy", path=os.path.dirname(sys.executable) + os.pathsep
 
 _live: List[subprocess.Popen] = []
 _live_lock = threading.Lock()
+#: set on SIGTERM/SIGINT: no new job starts and every wait ends
+_stopping = threading.Event()
 
 
 # --- scenarios --------------------------------------------------------------------------------------
@@ -105,6 +110,8 @@ class Job:
     """One torchrun job, its output in ``log``; stopped whole by :meth:`stop`."""
 
     def __init__(self, args: List[str], nproc: int, env: Dict[str, str], log: str) -> None:
+        if _stopping.is_set():
+            raise RuntimeError("stopping: no new job")
         self.log, self.started = log, time.monotonic()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.5"] + args
@@ -118,6 +125,9 @@ class Job:
                                          env=full_env, cwd=ROOT, start_new_session=True)
         with _live_lock:
             _live.append(self.proc)
+        if _stopping.is_set():  # stopped while it started: main's cleanup may have missed it
+            self.stop()
+            raise RuntimeError("stopping: job stopped at its start")
 
     def text(self) -> str:
         with open(self.log, "rb") as f:
@@ -129,7 +139,7 @@ class Job:
     def wait_for(self, done: Callable[[], bool], limit: float) -> bool:
         """Until ``done()`` (True), the job's exit or ``limit`` seconds from now (False)."""
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not _stopping.is_set():
             if done():
                 return True
             if self.exited():
@@ -183,18 +193,33 @@ def tool(cmd: List[str], limit: float = TOOL_LIMIT, env: Optional[Dict[str, str]
             "seconds": round(time.monotonic() - t0, 2)}
 
 
-def hangdoc_report(cmd: List[str], save: str) -> Dict[str, Any]:
-    """``hangdoc aggregate ... --format json``: its headline, or a crash."""
+def hangdoc_report(cmd: List[str], save: str) -> None:
+    """``hangdoc aggregate ... --format json`` into ``save`` (stderr and exit status beside it)."""
     r = tool([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json"] + cmd)
     with open(save, "w") as f:
         f.write(r["stdout"])
     with open(save + ".stderr", "w") as f:
-        f.write(r["stderr"])
-    if r["rc"] != 0 and not r["stdout"].strip():
-        last = [ln for ln in r["stderr"].splitlines() if ln.strip()]
-        return {"crash": (last[-1] if last else f"exit status {r['rc']}")[:300]}
+        f.write("$ hangdoc aggregate --format json " + " ".join(cmd) + "\n" + r["stderr"])
+    with open(save + ".rc", "w") as f:
+        f.write(f"{r['rc']}\n")
+
+
+def report_verdict(save: str) -> Optional[Dict[str, Any]]:
+    """The headline of a saved ``hangdoc aggregate`` run; a traceback is a crash, a clean error
+    (``nothing readable in ...``) is no verdict."""
+    if not os.path.exists(save):
+        return None
+    with open(save, encoding="utf-8", errors="replace") as f:
+        out = f.read()
+    with open(save + ".stderr", encoding="utf-8", errors="replace") as f:
+        err = f.read()
+    last = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("$ ")]
+    if "Traceback (most recent call last)" in err:
+        return {"crash": (last[-1] if last else "traceback")[:300]}
+    if not out.strip():
+        return {"kind": None, "error": (last[-1] if last else "no output")[:300]}
     try:
-        return matrix_judge.from_report(json.loads(r["stdout"])) or {}
+        return matrix_judge.from_report(json.loads(out)) or {"kind": None, "error": "no findings"}
     except ValueError as e:
         return {"crash": f"not JSON: {e}"}
 
@@ -207,8 +232,8 @@ def run_hangdoc(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]
     world = s["truth"]["world"]
     slow = s["truth"]["kind"] == "slow-not-hung"
     for env in s["runs"]:
-        job = Job(["-m", "hangdoc", "--record", "--hang-timeout", str(HANG_TIMEOUT), "--detect", "--out", out,
-                   s["path"]], world, env, log)
+        job = Job(["-m", "hangdoc", "--record", "--hang-timeout", str(HANG_TIMEOUT), "--out", out, s["path"]],
+                  world, env, log)
         report = os.path.join(out, "report.json")
         try:
             if os.path.exists(report):  # the previous run's (two_jobs): this run's is a new file
@@ -221,14 +246,26 @@ def run_hangdoc(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]
                 job.wait_for(lambda: False, 2)
         finally:
             job.stop()
-    cells: Dict[str, Any] = {"state": state}
-    if "injob" in columns:
-        cells["injob"] = _json_verdict(report, matrix_judge.from_report)
-    if "detect" in columns:
-        cells["detect"] = _json_verdict(os.path.join(out, "divergence.json"), matrix_judge.from_divergence)
     if "aggregate" in columns:
-        cells["aggregate"] = hangdoc_report([out], os.path.join(d, "aggregate.json"))
-    return cells
+        hangdoc_report([out], os.path.join(d, "aggregate.json"))
+    return {"state": state}
+
+
+def run_detect(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    out = os.path.join(d, "detect-out")
+    world = s["truth"]["world"]
+    found = os.path.join(out, "divergence.json")
+    for env in s["runs"]:
+        job = Job(["-m", "hangdoc", "--detect", "--out", out, s["path"]], world, env, os.path.join(d, "detect.log"))
+        try:
+            if os.path.exists(found):  # the previous run's (two_jobs)
+                os.replace(found, os.path.join(out, f"divergence-before-{int(time.time())}.json"))
+            state = job.wait_hung(world)
+            # the detector publishes at once when a rank goes quiet and compares within a second or two
+            job.wait_for(lambda: os.path.exists(found), HANG_TIMEOUT)
+        finally:
+            job.stop()
+    return {"state": state}
 
 
 def _json_verdict(path: str, parse: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> Optional[Dict[str, Any]]:
@@ -259,9 +296,9 @@ def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
                     f.write(f"{pid} {rank}\n")
         finally:
             job.stop()
-    if not os.path.exists(rank_map):
-        return {"state": state, "pyspy": None}
-    return {"state": state, "pyspy": hangdoc_report(["--rank-map", rank_map, dumps], os.path.join(d, "pyspy-aggregate.json"))}
+    if os.path.exists(rank_map):
+        hangdoc_report(["--rank-map", rank_map, dumps], os.path.join(d, "pyspy-aggregate.json"))
+    return {"state": state}
 
 
 def run_detail(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
@@ -276,7 +313,7 @@ def run_detail(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
             ended = job.wait_for(job.exited, START_LIMIT + HANG_TIMEOUT * 4)
         finally:
             job.stop()
-    return {"state": "exited" if ended else "still running (stopped)", "detail": matrix_judge.from_detail_log(job.text())}
+    return {"state": "exited" if ended else "still running (stopped)"}
 
 
 def run_fr(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
@@ -298,17 +335,44 @@ def run_fr(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
             job.stop()
     found = len(glob.glob(os.path.join(fr, "fr_trace_rank_*")))
     if not found:
-        return {"state": state, "fr": None, "fr_dumps": 0}
+        return {"state": state, "fr_dumps": 0}
     cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fr, "-p", "fr_trace_rank_"]
     if found < world:  # fr_trace refuses a directory without every rank's dump unless told
         cmd.append("--allow-incomplete-ranks")
     r = tool(cmd)
     with open(os.path.join(d, "fr_trace.txt"), "w") as f:
         f.write("$ " + " ".join(cmd) + "\n" + r["stdout"] + r["stderr"] + f"\n(exit status {r['rc']})\n")
-    return {"state": state, "fr": matrix_judge.from_fr_trace(r["stdout"] + r["stderr"], r["rc"]), "fr_dumps": found}
+    return {"state": state, "fr_dumps": found}
 
 
-RUNNERS = {"hangdoc": run_hangdoc, "plain": run_plain, "detail": run_detail, "fr": run_fr}
+def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
+    """One column's verdict, from the files its run left in the scenario's directory ``d``."""
+    if column == "injob":
+        return _json_verdict(os.path.join(d, "hangdoc-out", "report.json"), matrix_judge.from_report)
+    if column == "detect":
+        return _json_verdict(os.path.join(d, "detect-out", "divergence.json"), matrix_judge.from_divergence)
+    if column == "aggregate":
+        return report_verdict(os.path.join(d, "aggregate.json"))
+    if column == "pyspy":
+        return report_verdict(os.path.join(d, "pyspy-aggregate.json"))
+    if column == "detail":
+        path = os.path.join(d, "detail.log")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return matrix_judge.from_detail_log(f.read().decode("utf-8", "replace"))
+    if column == "fr":
+        path = os.path.join(d, "fr_trace.txt")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        m = re.search(r"\(exit status (-?\d{1,4})\)\s*$", text)
+        return matrix_judge.from_fr_trace(text[:m.start()] if m else text, int(m.group(1)) if m else 0)
+    raise ValueError(column)
+
+
+RUNNERS = {"hangdoc": run_hangdoc, "detect": run_detect, "plain": run_plain, "detail": run_detail, "fr": run_fr}
 
 
 def run_scenario(s: Dict[str, Any], out: str, columns: List[str]) -> Dict[str, Any]:
@@ -325,9 +389,9 @@ def run_scenario(s: Dict[str, Any], out: str, columns: List[str]) -> Dict[str, A
             got = RUNNERS[run](s, d, wanted)
         except Exception as e:  # the harness failed, not the tool: say so in every cell of the run
             got = {c: {"crash": f"harness: {type(e).__name__}: {e}"} for c in wanted}
-        result["runs"][run] = {"seconds": round(time.monotonic() - t0, 1), "state": got.get("state")}
+        result["runs"][run] = dict(got, seconds=round(time.monotonic() - t0, 1))
         for c in wanted:
-            v = got.get(c)
+            v = got[c] if c in got else verdict(d, c)  # a harness failure, or what the run left
             result["verdicts"][c] = v
             result["cells"][c] = matrix_judge.judge(s["truth"], v)
     print(f"bug_matrix: {s['name']}: " + ", ".join(f"{c} {result['cells'][c]}" for c in columns if c in result["cells"])
@@ -362,7 +426,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {','.join(COLUMNS)}")
     p.add_argument("--jobs", type=int, default=1, help="scenarios run at once (default 1: 2 shared cores)")
     p.add_argument("--out", help="output directory (default benchmarks/results/<date>-bug-matrix)")
+    p.add_argument("--rejudge", metavar="DIR", help="run nothing: judge again the files an earlier run left in DIR "
+                   "(after a change to the judge or a TRUTH) and rewrite its table.md and matrix.json")
     args = p.parse_args(argv)
+    if args.rejudge:
+        return rejudge(os.path.abspath(args.rejudge))
     columns = [c for c in args.columns.split(",") if c]
     bad = set(columns) - set(COLUMNS)
     if bad:
@@ -372,16 +440,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(out, exist_ok=True)
     t0 = time.monotonic()
     results: Dict[str, Dict[str, Any]] = {}
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops every job
+    _stopping.clear()
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops every job
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, args.jobs))
     try:
-        with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            futures = {s["name"]: pool.submit(run_scenario, s, out, columns) for s in chosen}
-            for name, fut in futures.items():
-                results[name] = fut.result()
+        futures = {s["name"]: pool.submit(run_scenario, s, out, columns) for s in chosen}
+        for name, fut in futures.items():
+            results[name] = fut.result()
     finally:
+        _stopping.set()
+        pool.shutdown(wait=False, cancel_futures=True)
         with _live_lock:
-            for proc in list(_live):
-                stop_job(proc)
+            live = list(_live)
+        for proc in live:
+            stop_job(proc)
+        signal.signal(signal.SIGTERM, before)
     wall = time.monotonic() - t0
     md = table(results, columns)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -392,6 +465,26 @@ def main(argv: Optional[List[str]] = None) -> int:
                    "scenarios": results}, f, indent=1)
     print(md)
     print(f"bug_matrix: {len(results)} scenarios in {wall:.0f}s; everything in {out}", file=sys.stderr)
+    return 0
+
+
+def rejudge(out: str) -> int:
+    with open(os.path.join(out, "matrix.json"), encoding="utf-8") as f:
+        matrix = json.load(f)
+    truths = {s["name"]: s["truth"] for s in scenarios()}
+    for name, r in matrix["scenarios"].items():
+        r["truth"] = truths.get(name, r["truth"])
+        for c in list(r["cells"]):
+            crashed = (r["verdicts"].get(c) or {}).get("crash", "")
+            if not str(crashed).startswith("harness:"):
+                r["verdicts"][c] = verdict(os.path.join(out, name), c)
+            r["cells"][c] = matrix_judge.judge(r["truth"], r["verdicts"][c])
+    md = table(matrix["scenarios"], matrix["columns"])
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "matrix.json"), "w") as f:
+        json.dump(matrix, f, indent=1)
+    print(md)
     return 0
 
 

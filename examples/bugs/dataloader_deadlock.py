@@ -47,6 +47,9 @@ def flusher(holding, hold):
 
 def main():
     rank, world = init()
+    weights = torch.ones(16)
+    dist.broadcast(weights, src=0)  # the model's weights, before the first epoch
+    progress(rank, -1)
     holding = threading.Event()
     t = threading.Thread(target=flusher, args=(holding, 600.0 if rank == 1 else 0.001), name="metrics", daemon=True)
     if rank == 1:
