@@ -93,15 +93,21 @@ _BARRIER = re.compile(r"Ranks? ([\d, ]{1,400}) failed to pass monitoredBarrier")
 
 def fingerprints(text: str) -> Dict[int, str]:
     """{rank: "OpType=... TensorShape=... TensorDtypes=..."} from DETAIL's mismatch lines (the
-    sequence number left out: it is the same on both sides of a line)."""
-    found: Dict[int, str] = {}
+    sequence number left out). A rank's own line ("Rank 1 is running ..., but Rank 0 ...") wins
+    over what another rank's line says of it: measured, rank 0's line can show rank 1 in an
+    internal GATHER of sequence 0 while rank 1's own line shows its ALLREDUCE."""
+    own: Dict[int, str] = {}
+    other: Dict[int, str] = {}
     for m in _SIDE.finditer(text):
         end = text.find("\n", m.end())
         end = len(text) if end < 0 else end
         but = text.find("but Rank", m.end(), end)
         side = text[m.end():but if but >= 0 else end][:3000]
-        found.setdefault(int(m.group(1)), " ".join(f"{k}={v}" for k, v in _FIELDS.findall(side)))
-    return found
+        fp = " ".join(f"{k}={v}" for k, v in _FIELDS.findall(side))
+        target = other if text[max(0, m.start() - 4):m.start()] == "but " else own
+        target.setdefault(int(m.group(1)), fp)
+    other.update(own)
+    return other
 
 
 def from_detail_log(text: str) -> Optional[Dict[str, Any]]:

@@ -97,6 +97,13 @@ def test_detail_fingerprints_majority():
     log = "\n".join(line.format(me=r, other=2, mine="BROADCAST", theirs="ALLREDUCE") for r in (0, 1, 3))
     log += "\n" + line.format(me=2, other=0, mine="ALLREDUCE", theirs="BROADCAST")
     assert matrix_judge.from_detail_log(log)["culprits"] == [2]
+    # rank 0's own line may show another rank in an internal GATHER (seen in barrier_rank0's DETAIL log):
+    # each rank's own line wins
+    own = ("[rank0]: RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+           "CollectiveFingerPrint(SequenceNumber=3OpType=BARRIER), but Rank 1 is running collective: "
+           "CollectiveFingerPrint(SequenceNumber=0OpType=GATHER).")
+    log = own + "\n" + "\n".join(line.format(me=r, other=0, mine="ALLREDUCE", theirs="BARRIER") for r in (1, 2, 3))
+    assert matrix_judge.from_detail_log(log)["culprits"] == [0]
     assert matrix_judge.from_detail_log("[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 8000 ms")["culprits"] == [1, 3]
 
 
