@@ -408,7 +408,9 @@ def table(results: Dict[str, Dict[str, Any]], columns: List[str]) -> str:
         row = [name, f"{t['kind']} {t['culprits']}"]
         for c in columns:
             cell, v = r["cells"].get(c, "-"), r["verdicts"].get(c)
-            if cell in ("PARTIAL", "WRONG") and v:
+            if v and v.get("kind") == matrix_judge.UNATTRIBUTED:
+                cell += ": timed out, nobody named"
+            elif cell in ("PARTIAL", "WRONG") and v:
                 cell += f": {v.get('kind')} {v.get('culprits')}"
             elif cell == "CRASH" and v:
                 cell += f": {v.get('crash', '')[:60]}"

@@ -4,7 +4,8 @@ A **verdict** is ``{"kind": str or None, "culprits": [rank, ...], "summary": str
 the tool said nothing); :func:`judge` compares it with a scenario's ``TRUTH``:
 
 * ``CRASH``: the tool itself failed (a traceback, a non-zero exit without output);
-* ``NONE``: no verdict (except on a job that only was slow: there, silence is right);
+* ``NONE``: no verdict (except on a job that only was slow: there, silence is right), or a
+  timeout that names nobody (``hang-unattributed``; on a job that only was slow, that is WRONG);
 * ``WRONG``: an innocent rank blamed, or a wrong kind that names no culprit at all;
 * ``RIGHT``: the right kind (``SAME_KIND`` lists the doc kinds that stand for a kind the docs lack
   yet), every culprit, nobody else;
@@ -33,6 +34,9 @@ from typing import Any, Dict, List, Optional
 SAME_KIND = {"slow-not-hung": {"no-hang"}}
 #: kinds that claim there is no hang
 NO_HANG = {"no-hang", "slow-not-hung"}
+#: a tool that says the job timed out (hung) but names nobody: no verdict on a hang, wrong on a job
+#: that was only slow
+UNATTRIBUTED = "hang-unattributed"
 CELLS = ("RIGHT", "PARTIAL", "WRONG", "NONE", "CRASH")
 
 
@@ -44,6 +48,8 @@ def judge(truth: Dict[str, Any], verdict: Optional[Dict[str, Any]]) -> str:
     if verdict is None or not verdict.get("kind"):
         return "RIGHT" if slow else "NONE"
     kind = verdict["kind"]
+    if kind == UNATTRIBUTED and not verdict.get("culprits"):
+        return "WRONG" if slow else "NONE"
     kind_ok = kind == truth["kind"] or kind in SAME_KIND.get(truth["kind"], ())
     blamed = set(r for r in verdict.get("culprits") or [] if r is not None)
     guilty = set(truth["culprits"])
@@ -89,6 +95,9 @@ _SIDE = re.compile(r"Rank (\d{1,6}) is running collective: CollectiveFingerPrint
 _FIELDS = re.compile(r"(OpType|TensorShape|TensorDtypes)=(\[[^\]\n]{0,400}\]|\w{1,40})")
 # "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 8000 ms" / "Rank 2 failed to pass monitoredBarrier"
 _BARRIER = re.compile(r"Ranks? ([\d, ]{1,400}) failed to pass monitoredBarrier")
+# a timeout that names nobody ("... received errors while waiting for send/recv from rank 0. Please check
+# rank 0 logs for faulty rank." points at the barrier's coordinator's log, not at a culprit)
+_TIMEOUT = re.compile(r"Timed out waiting \d{1,12}ms|received errors while waiting for send/recv|monitoredBarrier")
 
 
 def fingerprints(text: str) -> Dict[int, str]:
@@ -116,7 +125,8 @@ def from_detail_log(text: str) -> Optional[Dict[str, Any]]:
     A fingerprint mismatch names two ranks per line; every line is one rank's view. The ranks whose
     fingerprint differs from the most common one are blamed (all ranks with a fingerprint when no
     fingerprint is more common than the others). A ``monitoredBarrier`` timeout names the ranks that
-    did not arrive. Both are collective-mismatch: DETAIL has no finer kinds.
+    did not arrive. Both are collective-mismatch: DETAIL has no finer kinds. A timeout that names
+    nobody is ``hang-unattributed``.
 
         >>> log = ("Rank 2 is running collective: CollectiveFingerPrint(SequenceNumber=9, OpType=ALLREDUCE, "
         ...        "TensorShape=[8], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default))), "
@@ -141,6 +151,9 @@ def from_detail_log(text: str) -> Optional[Dict[str, Any]]:
     if blamed:
         return {"kind": "collective-mismatch", "culprits": sorted(set(blamed)),
                 "summary": _first_line(text, "failed to pass monitoredBarrier")}
+    m = _TIMEOUT.search(text)
+    if m:
+        return {"kind": UNATTRIBUTED, "culprits": [], "summary": _line_at(text, m.start())}
     return None
 
 
