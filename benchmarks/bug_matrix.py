@@ -121,6 +121,8 @@ class Job:
         full_env["PYTHONUNBUFFERED"] = "1"
         with open(log, "ab") as out:
             out.write(("$ " + " ".join(cmd) + "\n").encode())
+            #: where this job's output starts in a log that earlier jobs of the scenario wrote to (two_jobs)
+            self.offset = out.tell()
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=full_env, cwd=ROOT, start_new_session=True)
         with _live_lock:
@@ -130,7 +132,9 @@ class Job:
             raise RuntimeError("stopping: job stopped at its start")
 
     def text(self) -> str:
+        """This job's output so far (not the earlier jobs' in the same log)."""
         with open(self.log, "rb") as f:
+            f.seek(self.offset)
             return f.read().decode("utf-8", "replace")
 
     def exited(self) -> bool:
