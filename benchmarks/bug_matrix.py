@@ -58,7 +58,7 @@ import matrix_judge  # noqa: E402
 BUGS = os.path.join(ROOT, "examples", "bugs")
 COLUMNS = ("injob", "aggregate", "detect", "pyspy", "detail", "fr")
 #: which run feeds which columns
-RUNS = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",), "detail": ("detail",),
+COLUMNS_OF_RUN = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",), "detail": ("detail",),
         "fr": ("fr",)}
 HANG_TIMEOUT = 8
 #: seconds for a job to reach its hang point (torch import and rendezvous on 2 shared cores)
@@ -228,7 +228,7 @@ def report_verdict(save: str) -> Optional[Dict[str, Any]]:
         return {"crash": f"not JSON: {e}"}
 
 
-# --- the four runs --------------------------------------------------------------------------------
+# --- the five runs --------------------------------------------------------------------------------
 
 def run_hangdoc(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
     out = os.path.join(d, "hangdoc-out")
@@ -384,7 +384,7 @@ def run_scenario(s: Dict[str, Any], out: str, columns: List[str]) -> Dict[str, A
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     result: Dict[str, Any] = {"truth": s["truth"], "verdicts": {}, "cells": {}, "runs": {}}
-    for run, cols in RUNS.items():
+    for run, cols in COLUMNS_OF_RUN.items():
         wanted = [c for c in cols if c in columns]
         if not wanted:
             continue
