@@ -1,0 +1,498 @@
+"""Run every bug scenario (``examples/bugs/``) through hangdoc and its peers; print one table.
+
+    nice python benchmarks/bug_matrix.py                       # all scenarios, all columns
+    python benchmarks/bug_matrix.py --only skip_broadcast,lock_twice --columns injob,aggregate
+
+Five runs of each scenario under ``torchrun`` (gloo, CPU), each with hard time limits and the
+whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
+
+* **hangdoc**: ``torchrun -m hangdoc --record --hang-timeout 8 --out OUT script``. Columns ``injob``
+  (the watchdog's ``OUT/report.json``; for a job that only is slow, as it stands when the job has
+  ended) and ``aggregate`` (``hangdoc aggregate OUT --format json`` after the job is stopped).
+* **detect**: ``torchrun -m hangdoc --detect --out OUT script``; column ``detect`` is
+  ``OUT/divergence.json`` (the detector's deviants), waited for up to 8 s after the hang point.
+* **plain**: the script alone; once every rank printed ``HANG-POINT`` (or the job died) and 3 s
+  passed, ``py-spy dump --subprocesses --pid RANK`` of every rank, then ``hangdoc aggregate
+  --rank-map`` of those dumps (the pid -> rank map read from each rank's ``RANK`` variable).
+  Column ``pyspy``.
+* **DETAIL**: ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` with the gloo timeout set to 8 s (the same
+  threshold as hangdoc's watchdog): the job's own output, parsed for the errors that name ranks.
+  Column ``detail``.
+* **Flight Recorder**: ``TORCH_FR_BUFFER_SIZE=20000`` and ``benchmarks/fr_dump_wrapper.py`` (a
+  dump on demand: gloo has no dump on timeout); dumped when hung as in the plain run, then
+  ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_``. Column ``fr``.
+
+Each cell is judged by ``benchmarks/matrix_judge.py`` against the scenario's ``TRUTH`` (headline
+finding only). Everything, with every cell's raw verdict, is written under ``--out`` (default
+``benchmarks/results/<date>-bug-matrix``): ``matrix.json``, ``table.md`` and one directory per
+scenario with the logs, dumps and reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from hangdoc.cli.demo import stop_job  # noqa: E402
+from hangdoc.proctree import free_port, parent_map  # noqa: E402
+
+import matrix_judge  # noqa: E402
+
+BUGS = os.path.join(ROOT, "examples", "bugs")
+COLUMNS = ("injob", "aggregate", "detect", "pyspy", "detail", "fr")
+#: which run feeds which columns
+COLUMNS_OF_RUN = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",), "detail": ("detail",),
+        "fr": ("fr",)}
+HANG_TIMEOUT = 8
+#: seconds for a job to reach its hang point (torch import and rendezvous on 2 shared cores)
+START_LIMIT = 120.0
+#: seconds after the hang point before dumps are taken (the last ranks get into their waits)
+SETTLE = 3.0
+TOOL_LIMIT = 180.0
+PYSPY = shutil.which("py-spy", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) or "py-spy"
+
+_live: List[subprocess.Popen] = []
+_live_lock = threading.Lock()
+#: set on SIGTERM/SIGINT: no new job starts and every wait ends
+_stopping = threading.Event()
+
+
+# --- scenarios --------------------------------------------------------------------------------------
+
+def scenarios(only: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+    """Every ``examples/bugs/*.py`` (not ``_*``) with its docstring, ``TRUTH`` and ``RUNS``, read
+    with ``ast`` (no torch import)."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(BUGS, "*.py"))):
+        name = os.path.basename(path)[:-3]
+        if name.startswith("_") or (only and name not in only):
+            continue
+        found.append(read_scenario(path))
+    if only:
+        missing = set(only) - set(s["name"] for s in found)
+        if missing:
+            raise SystemExit(f"bug_matrix: no scenario {', '.join(sorted(missing))} in {BUGS}")
+    return found
+
+
+def read_scenario(path: str) -> Dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    values: Dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("TRUTH", "RUNS"):
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+    return {"name": os.path.basename(path)[:-3], "path": path, "doc": ast.get_docstring(tree),
+            "truth": values.get("TRUTH"), "runs": values.get("RUNS") or [{}]}
+
+
+# --- jobs -----------------------------------------------------------------------------------------
+
+class Job:
+    """One torchrun job, its output in ``log``; stopped whole by :meth:`stop`."""
+
+    def __init__(self, args: List[str], nproc: int, env: Dict[str, str], log: str) -> None:
+        if _stopping.is_set():
+            raise RuntimeError("stopping: no new job")
+        self.log, self.started = log, time.monotonic()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.5"] + args
+        full_env = dict(os.environ, **env)
+        full_env["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        full_env.setdefault("OMP_NUM_THREADS", "1")
+        full_env["PYTHONUNBUFFERED"] = "1"
+        with open(log, "ab") as out:
+            out.write(("$ " + " ".join(cmd) + "\n").encode())
+            #: where this job's output starts in a log that earlier jobs of the scenario wrote to (two_jobs)
+            self.offset = out.tell()
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=full_env, cwd=ROOT, start_new_session=True)
+        with _live_lock:
+            _live.append(self.proc)
+        if _stopping.is_set():  # stopped while it started: main's cleanup may have missed it
+            self.stop()
+            raise RuntimeError("stopping: job stopped at its start")
+
+    def text(self) -> str:
+        """This job's output so far (not the earlier jobs' in the same log)."""
+        with open(self.log, "rb") as f:
+            f.seek(self.offset)
+            return f.read().decode("utf-8", "replace")
+
+    def exited(self) -> bool:
+        return self.proc.poll() is not None
+
+    def wait_for(self, done: Callable[[], bool], limit: float) -> bool:
+        """Until ``done()`` (True), the job's exit or ``limit`` seconds from now (False)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not _stopping.is_set():
+            if done():
+                return True
+            if self.exited():
+                return done()
+            time.sleep(0.25)
+        return done()
+
+    def wait_hung(self, world: int) -> str:
+        """Until every rank printed HANG-POINT (then SETTLE s more) or the job ended."""
+        hung = self.wait_for(lambda: self.text().count("HANG-POINT rank=") >= world, START_LIMIT)
+        if hung:
+            self.wait_for(lambda: False, SETTLE)
+        return "hung" if hung and not self.exited() else ("exited" if self.exited() else "no hang point")
+
+    def ranks(self) -> Dict[int, int]:
+        """{pid: rank} of the launcher's children."""
+        found = {}
+        for pid in sorted(parent_map().get(self.proc.pid, [])):
+            rank = _environ(pid).get("RANK")
+            if rank is not None and rank.isdigit():
+                found[pid] = int(rank)
+        return found
+
+    def stop(self) -> None:
+        stop_job(self.proc)
+        with _live_lock:
+            if self.proc in _live:
+                _live.remove(self.proc)
+
+
+def _environ(pid: int) -> Dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError:
+        return {}
+    return dict(item.decode("utf-8", "replace").split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+
+def tool(cmd: List[str], limit: float = TOOL_LIMIT, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Run an offline tool with a time limit: {"rc", "stdout", "stderr", "seconds"}."""
+    t0 = time.monotonic()
+    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                           timeout=limit, env=full_env, cwd=ROOT, start_new_session=True)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = 124, e.stdout or b"", (e.stderr or b"") + f"\n(timed out after {limit:.0f}s)".encode()
+    return {"rc": rc, "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace"),
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def hangdoc_report(cmd: List[str], save: str) -> None:
+    """``hangdoc aggregate ... --format json`` into ``save`` (stderr and exit status beside it)."""
+    r = tool([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json"] + cmd)
+    with open(save, "w") as f:
+        f.write(r["stdout"])
+    with open(save + ".stderr", "w") as f:
+        f.write("$ hangdoc aggregate --format json " + " ".join(cmd) + "\n" + r["stderr"])
+    with open(save + ".rc", "w") as f:
+        f.write(f"{r['rc']}\n")
+
+
+def report_verdict(save: str) -> Optional[Dict[str, Any]]:
+    """The headline of a saved ``hangdoc aggregate`` run; a traceback is a crash, a clean error
+    (``nothing readable in ...``) is no verdict."""
+    if not os.path.exists(save):
+        return None
+    with open(save, encoding="utf-8", errors="replace") as f:
+        out = f.read()
+    with open(save + ".stderr", encoding="utf-8", errors="replace") as f:
+        err = f.read()
+    last = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("$ ")]
+    if "Traceback (most recent call last)" in err:
+        return {"crash": (last[-1] if last else "traceback")[:300]}
+    if not out.strip():
+        return {"kind": None, "error": (last[-1] if last else "no output")[:300]}
+    try:
+        return matrix_judge.from_report(json.loads(out)) or {"kind": None, "error": "no findings"}
+    except ValueError as e:
+        return {"crash": f"not JSON: {e}"}
+
+
+# --- the five runs --------------------------------------------------------------------------------
+
+def run_hangdoc(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    out = os.path.join(d, "hangdoc-out")
+    log = os.path.join(d, "hangdoc.log")
+    world = s["truth"]["world"]
+    slow = s["truth"]["kind"] == "slow-not-hung"
+    for env in s["runs"]:
+        job = Job(["-m", "hangdoc", "--record", "--hang-timeout", str(HANG_TIMEOUT), "--out", out, s["path"]],
+                  world, env, log)
+        report = os.path.join(out, "report.json")
+        try:
+            if os.path.exists(report):  # the previous run's (two_jobs): this run's is a new file
+                os.replace(report, os.path.join(out, f"report-before-{int(time.time())}.json"))
+            state = job.wait_hung(world)
+            job.wait_for(lambda: os.path.exists(report), HANG_TIMEOUT + 40)
+            if slow:  # a retraction comes when the job resumes: wait for its end
+                job.wait_for(lambda: False, 90)
+            else:
+                job.wait_for(lambda: False, 2)
+        finally:
+            job.stop()
+    if "aggregate" in columns:
+        hangdoc_report([out], os.path.join(d, "aggregate.json"))
+    return {"state": state}
+
+
+def run_detect(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    out = os.path.join(d, "detect-out")
+    world = s["truth"]["world"]
+    found = os.path.join(out, "divergence.json")
+    for env in s["runs"]:
+        job = Job(["-m", "hangdoc", "--detect", "--out", out, s["path"]], world, env, os.path.join(d, "detect.log"))
+        try:
+            if os.path.exists(found):  # the previous run's (two_jobs)
+                os.replace(found, os.path.join(out, f"divergence-before-{int(time.time())}.json"))
+            state = job.wait_hung(world)
+            # the detector publishes at once when a rank goes quiet and compares within a second or two
+            job.wait_for(lambda: os.path.exists(found), HANG_TIMEOUT)
+        finally:
+            job.stop()
+    return {"state": state}
+
+
+def _json_verdict(path: str, parse: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse(json.load(f))
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        return {"crash": f"{os.path.basename(path)}: not JSON: {e}"}
+
+
+def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    dumps = os.path.join(d, "pyspy")
+    os.makedirs(dumps, exist_ok=True)
+    rank_map = os.path.join(d, "pyspy-rank-map.txt")
+    world = s["truth"]["world"]
+    for i, env in enumerate(s["runs"]):
+        job = Job([s["path"]], world, env, os.path.join(d, "plain.log"))
+        try:
+            state = job.wait_hung(world)
+            ranks = job.ranks()
+            for pid, rank in sorted(ranks.items(), key=lambda x: x[1]):
+                r = tool([PYSPY, "dump", "--subprocesses", "--pid", str(pid)], limit=30)
+                with open(os.path.join(dumps, f"trace-run{i}-rank{rank}.out"), "w") as f:
+                    f.write(r["stdout"] + r["stderr"])
+                with open(rank_map, "a") as f:
+                    f.write(f"{pid} {rank}\n")
+        finally:
+            job.stop()
+    if os.path.exists(rank_map):
+        hangdoc_report(["--rank-map", rank_map, dumps], os.path.join(d, "pyspy-aggregate.json"))
+    return {"state": state}
+
+
+def run_detail(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    log = os.path.join(d, "detail.log")
+    for env in s["runs"]:
+        if os.path.exists(log):  # only the last job's output is judged
+            os.replace(log, log + ".before")
+        job = Job([s["path"]], s["truth"]["world"],
+                  dict(env, TORCH_DISTRIBUTED_DEBUG="DETAIL", HANG_TIMEOUT=str(HANG_TIMEOUT)), log)
+        try:
+            # the ranks' timeouts end the job; torchrun's own shutdown takes a few seconds more
+            ended = job.wait_for(job.exited, START_LIMIT + HANG_TIMEOUT * 4)
+        finally:
+            job.stop()
+    return {"state": "exited" if ended else "still running (stopped)"}
+
+
+def run_fr(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    fr = os.path.join(d, "fr")
+    world = s["truth"]["world"]
+    for i, env in enumerate(s["runs"]):
+        shutil.rmtree(fr, ignore_errors=True)  # fr_trace reads a directory of one job's dumps
+        os.makedirs(fr)
+        trigger = os.path.join(d, f"fr-dump-now-{i}")
+        job = Job([os.path.join(HERE, "fr_dump_wrapper.py"), s["path"]], world,
+                  dict(env, TORCH_FR_BUFFER_SIZE="20000", FR_DUMP_DIR=fr, FR_DUMP_TRIGGER=trigger),
+                  os.path.join(d, "fr.log"))
+        try:
+            state = job.wait_hung(world)
+            alive = len(job.ranks())
+            open(trigger, "w").close()
+            job.wait_for(lambda: len(glob.glob(os.path.join(fr, "fr_trace_rank_*"))) >= alive, 20)
+        finally:
+            job.stop()
+    found = len(glob.glob(os.path.join(fr, "fr_trace_rank_*")))
+    if not found:
+        return {"state": state, "fr_dumps": 0}
+    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fr, "-p", "fr_trace_rank_"]
+    if found < world:  # fr_trace refuses a directory without every rank's dump unless told
+        cmd.append("--allow-incomplete-ranks")
+    r = tool(cmd)
+    with open(os.path.join(d, "fr_trace.txt"), "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n" + r["stdout"] + r["stderr"] + f"\n(exit status {r['rc']})\n")
+    return {"state": state, "fr_dumps": found}
+
+
+def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
+    """One column's verdict, from the files its run left in the scenario's directory ``d``."""
+    if column == "injob":
+        return _json_verdict(os.path.join(d, "hangdoc-out", "report.json"), matrix_judge.from_report)
+    if column == "detect":
+        return _json_verdict(os.path.join(d, "detect-out", "divergence.json"), matrix_judge.from_divergence)
+    if column == "aggregate":
+        return report_verdict(os.path.join(d, "aggregate.json"))
+    if column == "pyspy":
+        return report_verdict(os.path.join(d, "pyspy-aggregate.json"))
+    if column == "detail":
+        path = os.path.join(d, "detail.log")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return matrix_judge.from_detail_log(f.read().decode("utf-8", "replace"))
+    if column == "fr":
+        path = os.path.join(d, "fr_trace.txt")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+        m = re.search(r"\(exit status (-?\d{1,4})\)\s*$", text)
+        return matrix_judge.from_fr_trace(text[:m.start()] if m else text, int(m.group(1)) if m else 0)
+    raise ValueError(column)
+
+
+RUNNERS = {"hangdoc": run_hangdoc, "detect": run_detect, "plain": run_plain, "detail": run_detail, "fr": run_fr}
+
+
+def run_scenario(s: Dict[str, Any], out: str, columns: List[str]) -> Dict[str, Any]:
+    d = os.path.join(out, s["name"])
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    result: Dict[str, Any] = {"truth": s["truth"], "verdicts": {}, "cells": {}, "runs": {}}
+    for run, cols in COLUMNS_OF_RUN.items():
+        wanted = [c for c in cols if c in columns]
+        if not wanted:
+            continue
+        t0 = time.monotonic()
+        try:
+            got = RUNNERS[run](s, d, wanted)
+        except Exception as e:  # the harness failed, not the tool: say so in every cell of the run
+            got = {c: {"crash": f"harness: {type(e).__name__}: {e}"} for c in wanted}
+        result["runs"][run] = dict(got, seconds=round(time.monotonic() - t0, 1))
+        for c in wanted:
+            v = got[c] if c in got else verdict(d, c)  # a harness failure, or what the run left
+            result["verdicts"][c] = v
+            result["cells"][c] = matrix_judge.judge(s["truth"], v)
+    print(f"bug_matrix: {s['name']}: " + ", ".join(f"{c} {result['cells'][c]}" for c in columns if c in result["cells"])
+          + f" ({sum(r['seconds'] for r in result['runs'].values()):.0f}s)", file=sys.stderr, flush=True)
+    return result
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+def table(results: Dict[str, Dict[str, Any]], columns: List[str]) -> str:
+    lines = ["| scenario | truth | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    for name, r in results.items():
+        t = r["truth"]
+        row = [name, f"{t['kind']} {t['culprits']}"]
+        for c in columns:
+            cell, v = r["cells"].get(c, "-"), r["verdicts"].get(c)
+            if v and v.get("kind") == matrix_judge.UNATTRIBUTED:
+                cell += ": timed out, nobody named"
+            elif cell in ("PARTIAL", "WRONG") and v:
+                cell += f": {v.get('kind')} {v.get('culprits')}"
+            elif cell == "CRASH" and v:
+                cell += f": {v.get('crash', '')[:60]}"
+            row.append(cell.replace("|", "/"))
+        lines.append("| " + " | ".join(row) + " |")
+    totals = ["**RIGHT**", ""] + [str(sum(1 for r in results.values() if r["cells"].get(c) == "RIGHT")) + f"/{len(results)}"
+                                   for c in columns]
+    lines.append("| " + " | ".join(totals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", help="comma-separated scenario names (default: all of examples/bugs)")
+    p.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {','.join(COLUMNS)}")
+    p.add_argument("--jobs", type=int, default=1, help="scenarios run at once (default 1: 2 shared cores)")
+    p.add_argument("--out", help="output directory (default benchmarks/results/<date>-bug-matrix)")
+    p.add_argument("--rejudge", metavar="DIR", help="run nothing: judge again the files an earlier run left in DIR "
+                   "(after a change to the judge or a TRUTH) and rewrite its table.md and matrix.json")
+    args = p.parse_args(argv)
+    if args.rejudge:
+        return rejudge(os.path.abspath(args.rejudge))
+    columns = [c for c in args.columns.split(",") if c]
+    bad = set(columns) - set(COLUMNS)
+    if bad:
+        p.error(f"unknown column(s) {', '.join(sorted(bad))}")
+    chosen = scenarios(args.only.split(",") if args.only else None)
+    out = os.path.abspath(args.out or os.path.join(HERE, "results", time.strftime("%Y-%m-%d") + "-bug-matrix"))
+    os.makedirs(out, exist_ok=True)
+    t0 = time.monotonic()
+    results: Dict[str, Dict[str, Any]] = {}
+    _stopping.clear()
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops every job
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, args.jobs))
+    try:
+        futures = {s["name"]: pool.submit(run_scenario, s, out, columns) for s in chosen}
+        for name, fut in futures.items():
+            results[name] = fut.result()
+    finally:
+        _stopping.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _live_lock:
+            live = list(_live)
+        for proc in live:
+            stop_job(proc)
+        signal.signal(signal.SIGTERM, before)
+    wall = time.monotonic() - t0
+    md = table(results, columns)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "matrix.json"), "w") as f:
+        json.dump({"command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:])),
+                   "wall_seconds": round(wall, 1), "hang_timeout": HANG_TIMEOUT, "columns": columns,
+                   "scenarios": results}, f, indent=1)
+    print(md)
+    print(f"bug_matrix: {len(results)} scenarios in {wall:.0f}s; everything in {out}", file=sys.stderr)
+    return 0
+
+
+def rejudge(out: str) -> int:
+    with open(os.path.join(out, "matrix.json"), encoding="utf-8") as f:
+        matrix = json.load(f)
+    truths = {s["name"]: s["truth"] for s in scenarios()}
+    for name, r in matrix["scenarios"].items():
+        r["truth"] = truths.get(name, r["truth"])
+        for c in list(r["cells"]):
+            crashed = (r["verdicts"].get(c) or {}).get("crash", "")
+            if not str(crashed).startswith("harness:"):
+                r["verdicts"][c] = verdict(os.path.join(out, name), c)
+            r["cells"][c] = matrix_judge.judge(r["truth"], r["verdicts"][c])
+    md = table(matrix["scenarios"], matrix["columns"])
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "matrix.json"), "w") as f:
+        json.dump(matrix, f, indent=1)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
