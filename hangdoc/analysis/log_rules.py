@@ -442,7 +442,10 @@ def _failed(events: List[LogEvent]) -> List[Finding]:
         summary = (f"{who_} exited with code {head.fields.get('exitcode')} first; the log does not hold "
                    f"{'its' if len(ranks) <= 1 else 'their'} traceback")
     lines = list(dict.fromkeys(_cite(e) for e in same[:3]))
-    others = [e for e in cands if e not in same and e.rank not in ranks]
+    pids = {e.pid for e in same if e.pid is not None}
+    # a rankless line about the same process (torchrun's "Signal 9 received by PID") is not another rank
+    others = [e for e in cands if e not in same and e.rank not in ranks and not (e.rank is None and
+                                                                                (e.pid in pids or e.pid is None))]
     if others:
         lines.append("other ranks' own errors: " + "; ".join(f"rank {e.rank}: {_what(e)}" for e in others[:3]))
     roots = [e for e in events if e.kind == "exit" and e.fields.get("root")]
