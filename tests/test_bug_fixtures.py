@@ -1,0 +1,48 @@
+"""hangdoc's verdict on real captures of the bug scenarios (tests/fixtures/bugs, captured by
+benchmarks/bug_matrix.py): `hangdoc aggregate` of the output directory, and of the output directory
+with the job's console log, judged against each scenario's TRUTH by the matrix's own judge."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FIX = os.path.join(HERE, "fixtures", "bugs")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import matrix_judge  # noqa: E402
+
+
+def truth(name):
+    with open(os.path.join(ROOT, "examples", "bugs", f"{name}.py"), encoding="utf-8") as f:
+        for node in ast.parse(f.read()).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TRUTH":
+                return ast.literal_eval(node.value)
+    raise AssertionError(name)
+
+
+def judged(name, with_log):
+    d = os.path.join(FIX, name)
+    args = [os.path.join(d, "output")] + ([os.path.join(d, "hangdoc.log")] if with_log else [])
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json"] + args,
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    return matrix_judge.judge(truth(name), matrix_judge.from_report(json.loads(r.stdout)))
+
+
+# the output directory alone is enough for these (records and watchdog stacks)
+@pytest.mark.parametrize("name", ["no_majority", "two_culprits", "group_order", "opposite_groups", "skip_broadcast",
+                                  "dataloader_deadlock"])
+def test_the_output_directory_names_the_culprits(name):
+    assert judged(name, with_log=False) == "RIGHT"
+
+
+# a rank that died or raised: its failure is in the console log, not in the output directory
+@pytest.mark.parametrize("name", ["dead_rank", "exception_thread"])
+def test_with_the_console_log_the_failed_rank_is_the_headline(name):
+    assert judged(name, with_log=True) == "RIGHT"
