@@ -60,14 +60,17 @@ from hangdoc.model import (
     Process,
     Source,
 )
+from hangdoc.bounds import MAX_IDENT, MAX_PID, MAX_RANK, MAX_RANKS, bounded_int
 from hangdoc.readers import faulthandler as _faulthandler
 from hangdoc.readers import gdb as _gdb
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers import pystack as _pystack
 from hangdoc.readers import traceback as _traceback
-from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks
+from hangdoc.readers._base import MAX_DEPTH, BlockParser, FileContext, Interner, chunks, squeeze
+from hangdoc.safeio import drop_nul_runs, open_input, sniff_head
 from hangdoc.tags import PREFIX as _TAG_PREFIX
 from hangdoc.tags import parse_exited, parse_tag
+from hangdoc.textsafe import strip_ansi_bytes
 
 __all__ = [
     "read_paths", "read_files", "read_file", "read_text", "expand_paths", "finish_job", "load_rank_map",
@@ -158,6 +161,10 @@ class _Channel:
         self.host = host
 
 
+#: launcher prefixes peeled off one line at most (torchrun nests two; more is no prefix but text)
+_MAX_PREFIXES = 8
+
+
 def _channel_for(channels: Dict[str, _Channel], line: str) -> Tuple[_Channel, str]:
     """Strip every leading prefix (torchrun nests its own inside the template's) → channel, text."""
     if line[:1] != "[":
@@ -165,10 +172,13 @@ def _channel_for(channels: Dict[str, _Channel], line: str) -> Tuple[_Channel, st
     key = ""
     rank = local = None
     host = None
-    while line[:1] == "[":
+    peeled = 0
+    # at most _MAX_PREFIXES prefixes: each peel copies the line, so "[1]:[1]:[1]:..." would be quadratic
+    while line[:1] == "[" and peeled < _MAX_PREFIXES:
+        peeled += 1
         m = _TORCHRUN_PREFIX_RE.match(line)
         if m:
-            name, num = m.group(1), int(m.group(2))
+            name, num = m.group(1), bounded_int(m.group(2), 0, MAX_RANK)
             if name in ("rank", ""):
                 rank = num
             else:
@@ -183,7 +193,7 @@ def _channel_for(channels: Dict[str, _Channel], line: str) -> Tuple[_Channel, st
             continue
         m = _HANGDOC_PREFIX_RE.match(line)
         if m:
-            host, rank = m.group(1), int(m.group(2))
+            host, rank = m.group(1), bounded_int(m.group(2), 0, MAX_RANK)
             key = key or m.group(0).strip()
             line = line[m.end():]
             continue
@@ -255,6 +265,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
             else:
                 msink = None
         last = lineno
+        _squeeze_sinks(channels)
     for ch in channels.values():
         close(ch)
     if ctx.cut_off and ctx.cut_off == last and emitted:
@@ -288,6 +299,14 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     _tie_workers_by_order(procs)
     ctx.finish()
     return procs
+
+
+def _squeeze_sinks(channels: Dict[str, _Channel]) -> None:
+    """Keep a runaway stack's raw lines bounded while it is read (its middle goes, see _base.squeeze)."""
+    for ch in channels.values():
+        sink = ch.parser.sink if ch.parser is not None else None
+        if sink is not None and len(sink) > 2 * MAX_DEPTH:
+            squeeze(sink)
 
 
 def _exited_process(ctx: FileContext, lineno: int, fields: Dict[str, str]) -> Process:
@@ -345,7 +364,8 @@ def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Cal
         _elastic_failure_line(text, failures)
 
 
-_ELASTIC_RE = re.compile(r"^  (host|rank|exitcode)\s+: (.*?)\s*$")
+# no "(.*?)\s*$": a lazy group before a trailing \s* is quadratic on a line padded with spaces
+_ELASTIC_RE = re.compile(r"^  (host|rank|exitcode)[ \t]+: ")
 _ELASTIC_RANK_RE = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
 
@@ -356,7 +376,7 @@ def _elastic_failure_line(text: str, failures: List[Dict[str, object]]) -> None:
     m = _ELASTIC_RE.match(text)
     if not m:
         return
-    key, value = m.groups()
+    key, value = m.group(1), text[m.end():].strip()
     if key == "host":
         failures.append({"host": value})
     elif failures:
@@ -364,11 +384,11 @@ def _elastic_failure_line(text: str, failures: List[Dict[str, object]]) -> None:
         if key == "rank":
             rm = _ELASTIC_RANK_RE.match(value)
             if rm:
-                entry["rank"], entry["local_rank"] = int(rm.group(1)), int(rm.group(2))
+                entry["rank"], entry["local_rank"] = bounded_int(rm.group(1), 0, MAX_RANK), bounded_int(rm.group(2), 0, MAX_RANK)
         else:
             pm = _ELASTIC_PID_RE.search(value)
             if pm:
-                entry["pid"] = int(pm.group(1))
+                entry["pid"] = bounded_int(pm.group(1), 0, MAX_PID)
 
 
 def _apply_elastic_failures(emitted: List[Tuple[_Channel, Process]], failures: List[Dict[str, object]]) -> None:
@@ -412,11 +432,14 @@ def _apply_tags(emitted: List[Tuple[_Channel, Process]], tags: List[Tuple[_Chann
             _apply_tag(procs[i], fields)
 
 
-def _int(v: Optional[str]) -> Optional[int]:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+#: the bounds of a tag line's numbers: one out of them is left out (never a huge world to enumerate)
+_TAG_BOUNDS = {"pid": (0, MAX_PID), "ppid": (0, MAX_PID), "rank": (0, MAX_RANK), "local_rank": (0, MAX_RANK),
+               "parent_rank": (0, MAX_RANK), "world_size": (1, MAX_RANKS)}
+
+
+def _int(v: Optional[str], name: str = "rank") -> Optional[int]:
+    lo, hi = _TAG_BOUNDS[name]
+    return bounded_int(v, lo, hi)
 
 
 _STATUSES = {STATUS_OK, STATUS_TRUNCATED, "unresponsive", "stopped"}  # what a tag line may set
@@ -428,12 +451,12 @@ def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
     p.meta["tagged"] = True
     p.host = fields.get("host") or p.host
     for name in ("pid", "rank", "local_rank", "ppid", "parent_rank"):
-        v = _int(fields.get(name))
+        v = _int(fields.get(name), name)
         if v is not None:
             setattr(p, name, v)
     if "rank" in fields and _int(fields["rank"]) is not None:
         p.meta["rank_from"] = "tag"
-    ws = _int(fields.get("world_size"))
+    ws = _int(fields.get("world_size"), "world_size")
     if ws is not None:
         p.meta["world_size"] = ws
     if fields.get("role"):
@@ -449,11 +472,9 @@ def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
     main = fields.get("main_thread")
     if main and p.threads:
         # the watchdog names the main thread: faulthandler output does not say which it is
-        try:
-            want = int(main, 16)
-            hit = [t for t in p.threads if t.ident.startswith("0x") and int(t.ident, 16) == want]
-        except ValueError:
-            hit = []
+        want = bounded_int(main, 0, MAX_IDENT, base=16)
+        hit = [t for t in p.threads if want is not None and t.ident.startswith("0x")
+               and bounded_int(t.ident, 0, MAX_IDENT, base=16) == want]
         if hit:
             for t in p.threads:
                 t.is_main = t is hit[0]
@@ -519,8 +540,9 @@ def _rank_from_locals(frames: Tuple[Frame, ...]) -> Optional[int]:
             continue
         for name in _RANK_LOCALS:
             v = f.local(name)
-            if v is not None and v.isdigit():
-                return int(v)
+            r = bounded_int(v, 0, MAX_RANK) if v is not None else None
+            if r is not None:
+                return r
     return None
 
 
@@ -597,26 +619,33 @@ def _optional(module: str):
         return None
 
 
-def _head(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(HEAD_BYTES)
+def _head(path: str, follow: bool = True) -> bytes:
+    """The first bytes of a regular file, past a hole of NULs at its start (see hangdoc.safeio)."""
+    with open_input(path, follow=follow) as f:
+        return sniff_head(f, HEAD_BYTES)
 
 
 def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[Source]:
-    """Read one file into ``job``; None when a walked file is not a dump (skipped quietly)."""
+    """Read one file into ``job``; None when a walked file is not a dump (skipped quietly).
+
+    Only regular files are read: a FIFO, a device or (met in a directory walk) a symbolic link is
+    one error line when named, skipped quietly when walked; nothing is ever opened in a blocking way."""
     source = Source(path)
     base = os.path.basename(path)
+    follow = named  # a file met in a directory walk is never read through a symbolic link
     named = named or any(fnmatch.fnmatch(base, pat) for pat in _DUMP_NAMES)
     try:
-        head = _head(path)
+        head = _head(path, follow)
     except OSError as e:
         if not named:
             return None
-        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e.__class__.__name__}"))
+        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e}"))
         return source
+    # colour codes and NUL holes (a file cut while written) say nothing about what a file is
+    clean = strip_ansi_bytes(drop_nul_runs(head))
     records = _optional("hangdoc.readers.records")
     if records is not None and (fnmatch.fnmatch(base, "collectives-*.jsonl") or records.looks_like(path, head)):
-        recs = _call_reader(records, path, source)
+        recs = _call_reader(records, path, source, follow)
         source.records = len(recs)
         source.formats.append(getattr(records, "FORMAT", "hangdoc-records"))
         job.records.extend(recs)
@@ -628,19 +657,24 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
         except Exception:
             is_fr = False
         if is_fr or fnmatch.fnmatch(base, "nccl_trace_rank_*") or fnmatch.fnmatch(base, "fr_trace*"):
-            recs = _call_reader(fr, path, source)
+            recs = _call_reader(fr, path, source, follow)
             source.records = len(recs)
             source.formats.append(getattr(fr, "FORMAT", "flight-recorder"))
             job.records.extend(recs)
             return source
     if not named:
-        if base.endswith(_SKIP_SUFFIXES) or base in _OWN_OUTPUTS or b"\x00" in head[:4096] \
-                or not any(m in head for m in _MARKERS):
+        if base.endswith(_SKIP_SUFFIXES) or base in _OWN_OUTPUTS or b"\x00" in clean[:4096] \
+                or not any(m in clean for m in _MARKERS):
             return None
-    elif b"\x00" in head[:4096] and not any(m in head for m in _MARKERS):
+    elif b"\x00" in clean[:4096] and not any(m in clean for m in _MARKERS):
         source.errors.append(ParseError(path, 1, "binary file, not a stack dump; skipped"))
         return source
-    procs = _read_stacks(path, source, interner)
+    try:
+        f = open_input(path, follow=follow)
+    except OSError as e:
+        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e}"))
+        return source
+    procs = _read_stacks(path, source, interner, f)
     if not procs and not named:
         return None  # a walked file that only looked like a dump (a log that mentions "Thread ")
     source.processes = len(procs)
@@ -650,9 +684,9 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
     return source
 
 
-def _call_reader(module, path: str, source: Source) -> List[CollectiveRecord]:
+def _call_reader(module, path: str, source: Source, follow: bool = True) -> List[CollectiveRecord]:
     try:
-        return list(module.read(path, source))
+        return list(module.read(path, source, follow=follow))
     except Exception as e:  # another engineer's reader failing must not take the stacks down
         source.errors.append(ParseError(path, 0, f"could not read records: {type(e).__name__}: {e}"))
         return []
@@ -759,7 +793,7 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
     >>> normalize_rank_map({"n1:42": "3", 43: {"rank": 4}})
     {'n1:42': 3, '43': 4}
     """
-    if all(type(v) is int and v >= 0 for v in data.values()) and all(type(k) is str for k in data):
+    if all(type(v) is int and 0 <= v <= MAX_RANK for v in data.values()) and all(type(k) is str for k in data):
         return data  # type: ignore[return-value]  # already normal (load_rank_map's output): no copy
     out: Dict[str, int] = {}
     for k, v in data.items():
@@ -767,9 +801,10 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
             v = v.get("rank")
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().isdigit():
-            raise ValueError(f"rank map: rank of {k!r} is not a non-negative integer: {v!r}")
-        out[str(k)] = int(v)
+        r = bounded_int(v, 0, MAX_RANK)
+        if r is None:
+            raise ValueError(f"rank map: rank of {k!r} is not a non-negative integer up to {MAX_RANK}: {str(v)[:40]!r}")
+        out[str(k)] = r
     return out
 
 

@@ -19,10 +19,60 @@ import re
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hangdoc.analysis.normalize import normalize_file
+from hangdoc.bounds import MAX_PID, MAX_RANK, bounded_int
 from hangdoc.model import Frame, ParseError, Process, Source
+from hangdoc.safeio import open_input
+from hangdoc.textsafe import strip_ansi
 
 #: a line longer than this is cut (and reported once per file): binary garbage has no newlines.
 MAX_LINE = 1 << 16
+#: bytes of one file read at most; the rest is reported, not read
+MAX_FILE = 16 << 30
+#: frame lines of one thread kept: the outermost and innermost half each; the middle of a deeper
+#: stack (runaway recursion) is dropped and said so (a 1M-frame stack took 20 s and 2.6 GB)
+MAX_DEPTH = 10_000
+#: what stands for dropped lines in a thread's raw lines: NUL never reaches a reader's line
+DROPPED = "\x00"
+
+
+def squeeze(raw: List[str]) -> List[str]:
+    """``raw`` (a thread's frame lines) with its middle replaced by one :data:`DROPPED` marker
+    ``"\\x00N"`` when it holds more than :data:`MAX_DEPTH` lines; in place, and returned.
+
+    >>> r = squeeze([str(i) for i in range(MAX_DEPTH + 10)])
+    >>> len(r), r[MAX_DEPTH // 2], dropped(r)
+    (10001, '\\x0010', 10)
+    """
+    keep = MAX_DEPTH // 2
+    if len(raw) <= MAX_DEPTH + 1:
+        return raw
+    n = 0
+    for x in raw[keep:len(raw) - keep]:
+        n += int(x[1:]) if x[:1] == DROPPED else 1
+    raw[keep:len(raw) - keep] = [DROPPED + str(n)]
+    return raw
+
+
+def dropped(raw: List[str]) -> int:
+    """How many lines :func:`squeeze` dropped from ``raw``."""
+    if len(raw) <= MAX_DEPTH:
+        return 0
+    return sum(int(x[1:]) for x in raw if x[:1] == DROPPED)
+
+
+def dropped_frame(n: int) -> Frame:
+    """The frame that stands where ``n`` frame lines of a too deep stack were dropped."""
+    return Frame(function=f"<{n} frames not read>", file="", line=None)
+
+
+def report_squeezed(ctx: "FileContext", raw: List[str], at: int) -> List[str]:
+    """:func:`squeeze` ``raw`` and report (once per file) what was dropped, against line ``at``."""
+    squeeze(raw)
+    n = dropped(raw)
+    if n:
+        ctx.error(at, f"stack deeper than {MAX_DEPTH} frames: {n} frame lines in its middle not read "
+                      f"(kept the outermost and innermost {MAX_DEPTH // 2})")
+    return raw
 
 
 class Interner:
@@ -61,6 +111,9 @@ def frames_from_lines(ctx: "FileContext", raw: List[str], parse: Callable[[str],
     cache = ctx.interner.frames
     out: List[Frame] = []
     for text in raw:
+        if text[:1] == DROPPED:
+            out.append(dropped_frame(int(text[1:])))
+            continue
         f = cache.get(text)
         if f is None and text not in cache:
             f = cache[text] = parse(text)
@@ -142,16 +195,16 @@ def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optiona
     """
     m = _HANGDOC_NAME_RE.match(base)
     if m:
-        return m.group(1), int(m.group(2)), int(m.group(3))
+        return m.group(1), bounded_int(m.group(2), 0, MAX_RANK), bounded_int(m.group(3), 0, MAX_PID)
     m = _NICERTRACE_NAME_RE.match(base)
     if m:
-        return m.group(1), None, int(m.group(3))
+        return m.group(1), None, bounded_int(m.group(3), 0, MAX_PID)
     m = _TRACE_NAME_RE.match(base)
     if m:
         return m.group(1), None, None
     m = _RANK_NAME_RE.search(base)
     if m:
-        return None, int(m.group(1)), None
+        return None, bounded_int(m.group(1), 0, MAX_RANK), None
     return None, None, None
 
 
@@ -169,15 +222,16 @@ def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> I
     """
     if fileobj is None:
         try:
-            f: BinaryIO = open(path, "rb")
+            f: BinaryIO = open_input(path)
         except OSError as e:
             ctx.error(0, f"cannot read: {e.strerror or e}")
             return
     else:
         f = fileobj
-    state = {"bad_utf8": False, "long": False}
+    state = {"bad_utf8": False, "long": False, "nul": False}
     n = 1
     rest = b""
+    total = 0
     with f:
         while True:
             try:
@@ -186,6 +240,10 @@ def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> I
                 ctx.error(n, f"read error: {e.strerror or e}")
                 return
             if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_FILE:
+                ctx.error(n, f"file larger than {MAX_FILE >> 30} GiB: the rest not read")
                 break
             data = rest + chunk if rest else chunk
             cut = data.rfind(b"\n")
@@ -228,7 +286,13 @@ def _decode(ctx: FileContext, state: dict, first: int, block: bytes) -> List[str
                     ctx.error(first + i, "bytes that are not UTF-8 (replaced; first such line)")
         text = "\n".join(out)
     if "\x00" in text:
+        if not state["nul"]:
+            state["nul"] = True
+            at = first + text[:text.index("\x00")].count("\n")
+            ctx.error(at, "NUL bytes: a hole (the file was cut or overwritten while being written); read around it")
         text = text.replace("\x00", "")
+    if "\x1b" in text or "\x9b" in text:
+        text = strip_ansi(text)
     if "\r" not in text:
         return text.split("\n")
     out = text.replace("\r\n", "\n").split("\n")
@@ -287,6 +351,8 @@ class BlockParser:
                  at: int) -> Tuple[Frame, ...]:
         """The interned frames of one thread's raw frame lines: equal lists of lines, which most
         threads of a job have, are parsed once; unreadable lines are reported against line ``at``."""
+        if len(raw) > MAX_DEPTH:
+            report_squeezed(self.ctx, raw, at)
         return self.ctx.interner.stack((self.format,) + tuple(raw),
                                        lambda: frames_from_lines(self.ctx, raw, parse, reverse, self.format, at))
 
