@@ -85,10 +85,18 @@ def open_input(path: str, follow: bool = True) -> BinaryIO:
 
 def read_bounded(f: BinaryIO, limit: int = MAX_WHOLE_FILE, what: str = "file") -> bytes:
     """All of ``f``, or :class:`TooLarge` when it holds more than ``limit`` bytes."""
-    data = f.read(limit + 1)
-    if len(data) > limit:
-        raise TooLarge(f"{what} larger than {limit >> 20} MiB: not read")
-    return data
+    # in pieces: read(limit + 1) would reserve the whole limit up front, however small the file
+    parts = []
+    total = 0
+    while True:
+        piece = f.read(min(1 << 20, limit + 1 - total))
+        if not piece:
+            break
+        parts.append(piece)
+        total += len(piece)
+        if total > limit:
+            raise TooLarge(f"{what} larger than {limit >> 20} MiB: not read")
+    return b"".join(parts)
 
 
 #: a run of NULs at least this long is a hole (a file cut or overwritten while written), not

@@ -66,7 +66,7 @@ from hangdoc.readers import gdb as _gdb
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers import pystack as _pystack
 from hangdoc.readers import traceback as _traceback
-from hangdoc.readers._base import MAX_DEPTH, BlockParser, FileContext, Interner, chunks, squeeze
+from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks, squeeze
 from hangdoc.safeio import drop_nul_runs, open_input, sniff_head
 from hangdoc.tags import PREFIX as _TAG_PREFIX
 from hangdoc.tags import parse_exited, parse_tag
@@ -305,7 +305,7 @@ def _squeeze_sinks(channels: Dict[str, _Channel]) -> None:
     """Keep a runaway stack's raw lines bounded while it is read (its middle goes, see _base.squeeze)."""
     for ch in channels.values():
         sink = ch.parser.sink if ch.parser is not None else None
-        if sink is not None and len(sink) > 2 * MAX_DEPTH:
+        if sink is not None and len(sink) >= 128:
             squeeze(sink)
 
 

@@ -31,32 +31,49 @@ MAX_FILE = 16 << 30
 #: frame lines of one thread kept: the outermost and innermost half each; the middle of a deeper
 #: stack (runaway recursion) is dropped and said so (a 1M-frame stack took 20 s and 2.6 GB)
 MAX_DEPTH = 10_000
+#: and at most this many characters of them (10,000 lines of 64 KiB would be 640 MB)
+MAX_STACK_CHARS = 8 << 20
 #: what stands for dropped lines in a thread's raw lines: NUL never reaches a reader's line
 DROPPED = "\x00"
 
 
+def _kept(raw: List[str], order: "range") -> int:
+    """How many lines from one end of ``raw`` fit in half the depth and half the characters."""
+    budget = MAX_STACK_CHARS // 2
+    k = 0
+    for i in order:
+        budget -= len(raw[i])
+        if k >= MAX_DEPTH // 2 or budget < 0:
+            break
+        k += 1
+    return max(k, 1)
+
+
 def squeeze(raw: List[str]) -> List[str]:
     """``raw`` (a thread's frame lines) with its middle replaced by one :data:`DROPPED` marker
-    ``"\\x00N"`` when it holds more than :data:`MAX_DEPTH` lines; in place, and returned.
+    ``"\\x00N"`` when it holds more than :data:`MAX_DEPTH` lines or :data:`MAX_STACK_CHARS`
+    characters; in place, and returned.
 
     >>> r = squeeze([str(i) for i in range(MAX_DEPTH + 10)])
     >>> len(r), r[MAX_DEPTH // 2], dropped(r)
     (10001, '\\x0010', 10)
     """
-    keep = MAX_DEPTH // 2
-    if len(raw) <= MAX_DEPTH + 1:
+    n = len(raw)
+    if n <= MAX_DEPTH + 1 and (n < 128 or sum(map(len, raw)) <= MAX_STACK_CHARS):
         return raw
-    n = 0
-    for x in raw[keep:len(raw) - keep]:
-        n += int(x[1:]) if x[:1] == DROPPED else 1
-    raw[keep:len(raw) - keep] = [DROPPED + str(n)]
+    head = _kept(raw, range(n))
+    tail = _kept(raw, range(n - 1, -1, -1))
+    if head + tail >= n:
+        return raw
+    count = 0
+    for x in raw[head:n - tail]:
+        count += int(x[1:]) if x[:1] == DROPPED else 1
+    raw[head:n - tail] = [DROPPED + str(count)]
     return raw
 
 
 def dropped(raw: List[str]) -> int:
     """How many lines :func:`squeeze` dropped from ``raw``."""
-    if len(raw) <= MAX_DEPTH:
-        return 0
     return sum(int(x[1:]) for x in raw if x[:1] == DROPPED)
 
 
@@ -70,8 +87,8 @@ def report_squeezed(ctx: "FileContext", raw: List[str], at: int) -> List[str]:
     squeeze(raw)
     n = dropped(raw)
     if n:
-        ctx.error(at, f"stack deeper than {MAX_DEPTH} frames: {n} frame lines in its middle not read "
-                      f"(kept the outermost and innermost {MAX_DEPTH // 2})")
+        ctx.error(at, f"stack deeper than {MAX_DEPTH} frames or {MAX_STACK_CHARS >> 20} MiB: {n} frame lines in its "
+                      f"middle not read (kept {len(raw) - 1} outermost and innermost)")
     return raw
 
 
@@ -144,6 +161,8 @@ class FileContext:
         self._errors_seen: Dict[str, int] = {}
         #: the number of the last line when it has no newline (the file was cut off mid-line)
         self.cut_off = 0
+        #: distinct problems past MAX_ERRORS, counted, not listed
+        self.more_errors = 0
 
     def error(self, line: int, message: str) -> None:
         # one ParseError per problem: the same message on many lines is reported once, with a count
@@ -152,10 +171,16 @@ class FileContext:
         if n is not None:
             self._errors_seen[message] = n + 1
             return
+        if len(self._errors_seen) >= MAX_ERRORS:
+            self.more_errors += 1
+            return
         self._errors_seen[message] = 1
         self.source.errors.append(ParseError(self.path, line, message))
 
     def finish(self) -> None:
+        if self.more_errors:
+            self.source.errors.append(ParseError(self.path, 0, f"{self.more_errors} more problems (the first {MAX_ERRORS} are listed)"))
+            self.more_errors = 0
         repeated = {m: n for m, n in self._errors_seen.items() if n > 1}
         if not repeated:
             return
@@ -207,6 +232,9 @@ def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optiona
         return None, bounded_int(m.group(1), 0, MAX_RANK), None
     return None, None, None
 
+
+#: distinct problems of one file listed; the rest are counted
+MAX_ERRORS = 1000
 
 #: bytes read at a time; a file is never held in memory whole.
 CHUNK = 1 << 22
@@ -351,7 +379,7 @@ class BlockParser:
                  at: int) -> Tuple[Frame, ...]:
         """The interned frames of one thread's raw frame lines: equal lists of lines, which most
         threads of a job have, are parsed once; unreadable lines are reported against line ``at``."""
-        if len(raw) > MAX_DEPTH:
+        if len(raw) >= 128:
             report_squeezed(self.ctx, raw, at)
         return self.ctx.interner.stack((self.format,) + tuple(raw),
                                        lambda: frames_from_lines(self.ctx, raw, parse, reverse, self.format, at))

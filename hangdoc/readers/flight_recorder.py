@@ -122,25 +122,47 @@ def load(path: str, follow: bool = True) -> Dict[str, Any]:
         return loads(read_bounded(f, MAX_DUMP, "Flight Recorder dump"))
 
 
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _children(x: Any) -> Any:
+    if isinstance(x, dict):
+        return list(x.keys()) + list(x.values())
+    return x
+
+
 def _check_size(obj: Any) -> None:
-    """Raise ValueError when ``obj`` holds more than :data:`MAX_NODES` nodes (counted with
-    repeats, so self-reference and shared references are caught), or an int too wide to print."""
-    budget = MAX_NODES
-    stack = [obj]
+    """Raise ValueError when ``obj`` would hold more than :data:`MAX_NODES` values if every shared
+    reference were copied (what walking it costs), contains itself, or holds an int wider than 64
+    bits. Costs O(distinct containers and their items), never the expanded size: each container's
+    expanded size is computed once (depth first, without recursion) and looked up after."""
+    size: Dict[int, int] = {}
+    entered = set()
+    stack: List[Tuple[Any, bool]] = [(obj, False)]
     while stack:
-        x = stack.pop()
-        budget -= 1
-        if budget < 0:
-            raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values (or one that contains itself)")
-        if isinstance(x, dict):
-            stack.extend(x.keys())
-            stack.extend(x.values())
-        elif isinstance(x, (list, tuple, set, frozenset)):
-            if len(x) > budget:
-                raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values")
-            stack.extend(x)
-        elif isinstance(x, int) and not isinstance(x, bool) and not -(1 << 64) <= x <= 1 << 64:
-            raise ValueError("not a Flight Recorder dump: an integer wider than 64 bits")
+        x, done = stack.pop()
+        i = id(x)
+        if done:
+            n = 1
+            for c in _children(x):
+                n += size[id(c)] if isinstance(c, _CONTAINERS) else 1
+            if n > MAX_NODES:
+                raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values (shared references expanded)")
+            size[i] = n
+            entered.discard(i)
+            continue
+        if i in size:
+            continue
+        if i in entered:  # entered and not done: x is its own descendant
+            raise ValueError("not a Flight Recorder dump: a container that contains itself")
+        entered.add(i)
+        stack.append((x, True))
+        for c in _children(x):
+            if isinstance(c, _CONTAINERS):
+                if id(c) not in size:
+                    stack.append((c, False))
+            elif isinstance(c, int) and not isinstance(c, bool) and not -(1 << 64) <= c <= 1 << 64:
+                raise ValueError("not a Flight Recorder dump: an integer wider than 64 bits")
 
 
 def loads(data: bytes) -> Dict[str, Any]:
@@ -259,11 +281,17 @@ def read(path: str, source: Optional[Source] = None, follow: bool = True) -> Lis
         return []
     ranks_of = _pg_ranks(dump)
     out: List[CollectiveRecord] = []
+    more = 0
     for i, e in enumerate(dump.get("entries") or (), 1):
         try:
             out.append(_record(e, rank, ranks_of))
         except _ENTRY_ERRORS as err:
-            source.errors.append(ParseError(path, i, f"bad Flight Recorder entry {i}: {type(err).__name__}: {str(err)[:200]}"))
+            if len(source.errors) < MAX_ERRORS:
+                source.errors.append(ParseError(path, i, f"bad Flight Recorder entry {i}: {type(err).__name__}: {str(err)[:200]}"))
+            else:
+                more += 1
+    if more:
+        source.errors.append(ParseError(path, 0, f"{more} more bad Flight Recorder entries (the first {MAX_ERRORS} are listed)"))
     # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
     return out
 
@@ -281,6 +309,8 @@ def records_of(dump: Dict[str, Any], rank: int) -> List[CollectiveRecord]:
     return out
 
 
+#: bad entries of one dump reported one by one; the rest are counted
+MAX_ERRORS = 100
 #: what a malformed entry may raise: it costs that entry
 _ENTRY_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError)
 

@@ -192,7 +192,7 @@ class PySpyParser(BlockParser):
         ident, name, state = self._thread
         raw = self._raw
         self._thread, self._raw, self.sink = None, [], None
-        if len(raw) > MAX_DEPTH:
+        if len(raw) >= 128:
             report_squeezed(self.ctx, raw, self._thread_line)
         interner = self.ctx.interner
         frames = interner.stack((FORMAT,) + tuple(raw), lambda: self._build(raw))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hangdoc.bounds import MAX_PID, MAX_SEQ, MAX_SIZE
 from hangdoc.bounds import MAX_RANKS as _MAX_RANKS
@@ -44,7 +44,7 @@ MAX_RECORD_LINE = 1 << 20
 MAX_RECORDS = 1 << 22
 
 
-def _lines(f: BinaryIO, path: str, source: Source) -> Iterator[Tuple[int, str]]:
+def _lines(f: BinaryIO, path: str, errors: Callable[[ParseError], None]) -> Iterator[Tuple[int, str]]:
     """``(number, text)`` of each line, each read with a bound: an over-long line is reported and skipped."""
     lineno = 0
     while True:
@@ -53,7 +53,7 @@ def _lines(f: BinaryIO, path: str, source: Source) -> Iterator[Tuple[int, str]]:
             return
         lineno += 1
         if len(raw) > MAX_RECORD_LINE and not raw.endswith(b"\n"):
-            source.errors.append(ParseError(path, lineno, f"record line longer than {MAX_RECORD_LINE >> 10} KiB; skipped"))
+            errors(ParseError(path, lineno, f"record line longer than {MAX_RECORD_LINE >> 10} KiB; skipped"))
             while raw and not raw.endswith(b"\n"):
                 raw = f.readline(MAX_RECORD_LINE)
             continue
@@ -69,38 +69,39 @@ def read(path: str, source: Optional[Source] = None, follow: bool = True) -> Lis
     out: List[CollectiveRecord] = []
     header: Dict[str, Any] = {}
     world: Optional[int] = None
+    errors = _Errors(source)
     try:
         f = open_input(path, follow=follow)
     except OSError as e:
         source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e}"))
         return out
     with f:
-        for lineno, line in _lines(f, path, source):
+        for lineno, line in _lines(f, path, errors):
             line = line.strip()
             if not line:
                 continue
             if len(out) >= MAX_RECORDS:
-                source.errors.append(ParseError(path, lineno, f"more than {MAX_RECORDS} records; the rest not read"))
+                errors(ParseError(path, lineno, f"more than {MAX_RECORDS} records; the rest not read"))
                 break
             try:
                 d = json.loads(line)
             except RecursionError:
-                source.errors.append(ParseError(path, lineno, "bad record line: nested too deeply"))
+                errors(ParseError(path, lineno, "bad record line: nested too deeply"))
                 continue
             except ValueError as e:
-                source.errors.append(ParseError(path, lineno, f"bad record line: {str(e).split(':')[0]}"))
+                errors(ParseError(path, lineno, f"bad record line: {str(e).split(':')[0]}"))
                 continue
             if not isinstance(d, dict):
-                source.errors.append(ParseError(path, lineno, "bad record line: not an object"))
+                errors(ParseError(path, lineno, "bad record line: not an object"))
                 continue
             if d.get("hangdoc") == "collectives":
                 if d.get("version", 1) != 1:
-                    source.errors.append(ParseError(path, lineno, f"unknown records version {str(d.get('version'))[:40]!r}; reading anyway"))
+                    errors(ParseError(path, lineno, f"unknown records version {str(d.get('version'))[:40]!r}; reading anyway"))
                 header = d
                 ws = d.get("world_size")
                 world = ws if _is_int(ws) and 0 < ws <= MAX_RANKS else None
                 if ws is not None and world is None:
-                    source.errors.append(ParseError(path, lineno, f"bad header: world_size {str(ws)[:40]!r} is not a positive integer up to {MAX_RANKS}"))
+                    errors(ParseError(path, lineno, f"bad header: world_size {str(ws)[:40]!r} is not a positive integer up to {MAX_RANKS}"))
                 continue
             for key in ("rank", "host", "pid"):
                 if d.get(key) is None and header.get(key) is not None:
@@ -112,9 +113,28 @@ def read(path: str, source: Optional[Source] = None, follow: bool = True) -> Lis
                     continue
                 except (TypeError, ValueError, OverflowError) as e:
                     problem = str(e)[:200]
-            source.errors.append(ParseError(path, lineno, f"bad record: {problem}"))
+            errors(ParseError(path, lineno, f"bad record: {problem}"))
+    if errors.more:
+        source.errors.append(ParseError(path, 0, f"{errors.more} more bad lines (the first {MAX_ERRORS} are listed)"))
     # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
     return out
+
+
+#: bad lines of one file reported one by one; the rest are counted (a million bad lines cost no memory)
+MAX_ERRORS = 100
+
+
+class _Errors:
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.first = len(source.errors)
+        self.more = 0
+
+    def __call__(self, error: ParseError) -> None:
+        if len(self.source.errors) - self.first < MAX_ERRORS:
+            self.source.errors.append(error)
+        else:
+            self.more += 1
 
 
 #: No job has more ranks than this; a rank beyond it is a corrupt line, not a rank to report missing.
