@@ -133,8 +133,8 @@ def _children(x: Any) -> Any:
 
 def _check_size(obj: Any) -> None:
     """Raise ValueError when ``obj`` would hold more than :data:`MAX_NODES` values if every shared
-    reference were copied (what walking it costs), contains itself, or holds an int wider than 64
-    bits. Costs O(distinct containers and their items), never the expanded size: each container's
+    reference were copied (what walking it costs), or contains itself (numbers out of bounds cost
+    their entry, see :func:`_record`). Costs O(distinct containers and their items), never the expanded size: each container's
     expanded size is computed once (depth first, without recursion) and looked up after."""
     size: Dict[int, int] = {}
     entered = set()
@@ -158,11 +158,8 @@ def _check_size(obj: Any) -> None:
         entered.add(i)
         stack.append((x, True))
         for c in _children(x):
-            if isinstance(c, _CONTAINERS):
-                if id(c) not in size:
-                    stack.append((c, False))
-            elif isinstance(c, int) and not isinstance(c, bool) and not -(1 << 64) <= c <= 1 << 64:
-                raise ValueError("not a Flight Recorder dump: an integer wider than 64 bits")
+            if isinstance(c, _CONTAINERS) and id(c) not in size:
+                stack.append((c, False))
 
 
 def loads(data: bytes) -> Dict[str, Any]:
@@ -329,7 +326,10 @@ def _record(e: Dict[str, Any], rank: int, ranks_of: Dict[str, Tuple[int, ...]]) 
     pg_name, pg_desc = str(pg[0])[:200], str(pg[1])[:200] if len(pg) > 1 else "undefined"
     ranks = ranks_of.get(pg_name, ())
     group = "default_pg" if pg_desc == "default_pg" else pg_name
-    op, src, dst = _op_and_p2p(str(e["profiling_name"])[:200])
+    name = str(e["profiling_name"])
+    if len(name) > 1000:
+        raise ValueError(f"profiling_name longer than 1000 characters: {name[:40]!r}...")
+    op, src, dst = _op_and_p2p(name)
     peer = None
     is_p2p = src is not None or bool(e.get("is_p2p"))
     if src is not None:
