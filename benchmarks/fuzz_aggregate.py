@@ -364,7 +364,7 @@ def g_pyspy_json(rng: random.Random) -> Files:
                         "owns_gil": False, "active": rng.choice([True, False, None]),
                         "frames": [{"name": _name(rng), "filename": _file(rng), "line": _jint(rng),
                                     "locals": rng.choice([None, [{"name": "rank", "repr": _num(rng)}], "x"])} for _ in range(depth)]})
-    text = json.dumps(threads, indent=rng.choice([None, 2]))
+    text = json.dumps(threads, indent=rng.choice([None, 2]))[:MAX_INPUT]
     if rng.random() < 0.1:
         text = "[" + "[" * 50_000
     return [("pyspy-" + str(rng.randint(0, 9)) + ".out", text.encode())]
@@ -407,6 +407,7 @@ def make_input(rng: random.Random, fixtures: List[Tuple[str, bytes]]) -> Tuple[s
                 j = rng.choices(range(len(names)), weights)[0]
                 data = fns[j](rng, data) if names[j] != "splice" else data
         used.append(names[i])
+        data = data[:MAX_INPUT]
         files.append((f"{len(files)}-{name}" if rng.random() < 0.5 else name, data))
     return "+".join(sorted(set(used))), files
 
@@ -500,6 +501,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             traced = args.tracemalloc_every and i % args.tracemalloc_every == 0
             if traced:
                 tracemalloc.start()
+            rss_generated = rss_mb()
             c0, w0 = time.process_time(), time.perf_counter()
             signal.alarm(args.alarm)
             err = None
@@ -518,6 +520,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rss = rss_mb()
             if rss > last_rss + 20:
                 rss_jumps.append({"input": i, "kind": kind, "peak_rss_mb": round(rss, 1),
+                                  "raised_by": "generating the input" if rss_generated > last_rss + 20 else "the pipeline",
                                   "bytes_in": sum(len(x) for _, x in files if isinstance(x, bytes))})
                 keep = True
             last_rss = rss
