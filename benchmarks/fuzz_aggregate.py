@@ -489,6 +489,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     base_rss = last_rss = rss_mb()
     rss_jumps: List[Dict[str, object]] = []
     start = time.time()
+
+    def snapshot(n: int) -> Dict[str, object]:
+        return {
+        "inputs": n, "seed": args.seed, "seconds": round(time.time() - start, 1),
+        "mean_cpu_ms": round(1000 * cpu_sum / max(n, 1), 2),
+        "internal_errors": len(internal), "reader_exceptions_caught": caught_total,
+        "inputs_over_slow": len(slow), "slow_s": args.slow,
+        "worst_cpu_s": round(worst_cpu[0], 3), "worst_cpu_kind": worst_cpu[1], "worst_wall_s": round(worst_wall, 3),
+        "peak_rss_mb": round(rss_mb(), 1), "rss_before_first_input_mb": round(base_rss, 1),
+        "tracemalloc_peak_mb": round(py_peak[0] / 2 ** 20, 1), "tracemalloc_peak_kind": py_peak[1],
+        "kinds": dict(sorted(kinds.items())),
+        "rss_jumps": rss_jumps[:50],
+        "internal": internal[:50], "caught": caught_inputs[:50], "slow": slow[:50],
+        }
+
     try:
         for i in range(args.inputs):
             kind, files = make_input(rng, fixtures)
@@ -550,21 +565,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.progress and (i + 1) % args.progress == 0:
                 print(f"{i + 1} inputs, {time.time() - start:.0f} s, internal errors {len(internal)}, caught {caught_total}, "
                       f"slow {len(slow)}, peak RSS {rss_mb():.0f} MB, worst CPU {worst_cpu[0]:.2f} s ({worst_cpu[1]})", flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(snapshot(i + 1), f, indent=1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    figures = snapshot(args.inputs)
     n = args.inputs
-    figures = {
-        "inputs": n, "seed": args.seed, "seconds": round(time.time() - start, 1),
-        "mean_cpu_ms": round(1000 * cpu_sum / max(n, 1), 2),
-        "internal_errors": len(internal), "reader_exceptions_caught": caught_total,
-        "inputs_over_slow": len(slow), "slow_s": args.slow,
-        "worst_cpu_s": round(worst_cpu[0], 3), "worst_cpu_kind": worst_cpu[1], "worst_wall_s": round(worst_wall, 3),
-        "peak_rss_mb": round(rss_mb(), 1), "rss_before_first_input_mb": round(base_rss, 1),
-        "tracemalloc_peak_mb": round(py_peak[0] / 2 ** 20, 1), "tracemalloc_peak_kind": py_peak[1],
-        "kinds": dict(sorted(kinds.items())),
-        "rss_jumps": rss_jumps[:50],
-        "internal": internal[:50], "caught": caught_inputs[:50], "slow": slow[:50],
-    }
     print(json.dumps(figures, indent=1))
     if args.json:
         with open(args.json, "w") as f:

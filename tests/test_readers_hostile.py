@@ -281,3 +281,14 @@ def test_a_log_with_a_nul_hole_is_read_around_the_hole(tmp_path):
             errs = [e for e in job.errors if e.source.endswith(name)]
             assert len(errs) == 1 and "NUL bytes: a hole" in errs[0].message
     assert [e.line for e in read_paths([str(tmp_path / "trace-mid.out")]).errors] == [plain[:cut].count(b"\n") + 1]
+
+
+def test_a_fifo_or_a_huge_rank_as_rank_map_is_one_line(tmp_path):
+    fifo = tmp_path / "map.fifo"
+    os.mkfifo(str(fifo))
+    bad = tmp_path / "map.txt"
+    bad.write_text(f"n1:42 {BIG}\n")
+    res = aggregate(PLAIN, "--rank-map", str(fifo), timeout=20)
+    assert res.returncode == 2 and res.stderr.strip().endswith("a FIFO (named pipe), not a regular file: not read"), res.stderr
+    res = aggregate(PLAIN, "--rank-map", str(bad), timeout=20)
+    assert res.returncode == 2 and f"{bad}:1: expected 'KEY RANK'" in res.stderr and "ValueError" not in res.stderr, res.stderr
