@@ -132,6 +132,8 @@ def m_huge_numbers(rng: random.Random, data: bytes) -> bytes:
                 j += 1
             out += rng.choice(HUGE) if rng.random() < 0.3 else data[i:j]
             i = j
+            if len(out) > MAX_INPUT:
+                break
         else:
             out.append(c)
             i += 1
@@ -514,8 +516,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             walk = d if rng.random() < 0.5 else None
             keep = False
             traced = args.tracemalloc_every and i % args.tracemalloc_every == 0
-            if traced:
-                tracemalloc.start()
             rss_generated = rss_mb()
             c0, w0 = time.process_time(), time.perf_counter()
             signal.alarm(args.alarm)
@@ -539,9 +539,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   "bytes_in": sum(len(x) for _, x in files if isinstance(x, bytes))})
                 keep = True
             last_rss = rss
-            if traced:
-                _, peak = tracemalloc.get_traced_memory()
-                tracemalloc.stop()
+            if traced and err is None:
+                # again, under tracemalloc (it slows allocation several times: this run is not timed)
+                tracemalloc.start()
+                signal.alarm(args.alarm)
+                try:
+                    run_one(paths, walk)
+                finally:
+                    signal.alarm(0)
+                    _, peak = tracemalloc.get_traced_memory()
+                    tracemalloc.stop()
                 if peak > py_peak[0]:
                     py_peak = (peak, kind)
             cpu_sum += cpu
