@@ -67,7 +67,7 @@ from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers import pystack as _pystack
 from hangdoc.readers import traceback as _traceback
 from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks, squeeze
-from hangdoc.safeio import drop_nul_runs, open_input, sniff_head
+from hangdoc.safeio import drop_nul_runs, open_input, read_bounded, sniff_head
 from hangdoc.tags import PREFIX as _TAG_PREFIX
 from hangdoc.tags import parse_exited, parse_tag
 from hangdoc.textsafe import strip_ansi_bytes
@@ -780,8 +780,8 @@ def read_text(text: str, name: str = "<text>", rank_map: Optional[Dict[str, obje
 def load_rank_map(path: str) -> Dict[str, int]:
     """A rank map file: JSON ``{"host:pid": rank}`` or ``{"pid": rank}``; values may also be
     objects with a ``"rank"`` key (``truth.json`` of the captured fixtures). Raises ValueError."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    with open_input(path) as f:  # a regular file only: a FIFO would block
+        data = json.loads(read_bounded(f, 256 << 20, "rank map").decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a rank map is a JSON object {{\"host:pid\": rank}}")
     return normalize_rank_map(data)
@@ -803,7 +803,8 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
             continue
         r = bounded_int(v, 0, MAX_RANK)
         if r is None:
-            raise ValueError(f"rank map: rank of {k!r} is not a non-negative integer up to {MAX_RANK}: {str(v)[:40]!r}")
+            shown = "an integer out of range" if isinstance(v, int) else repr(str(v)[:40])
+            raise ValueError(f"rank map: rank of {str(k)[:80]!r} is not a non-negative integer up to {MAX_RANK}: {shown}")
         out[str(k)] = r
     return out
 
