@@ -292,3 +292,15 @@ def test_a_fifo_or_a_huge_rank_as_rank_map_is_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.strip().endswith("a FIFO (named pipe), not a regular file: not read"), res.stderr
     res = aggregate(PLAIN, "--rank-map", str(bad), timeout=20)
     assert res.returncode == 2 and f"{bad}:1: expected 'KEY RANK'" in res.stderr and "ValueError" not in res.stderr, res.stderr
+
+
+def test_a_deep_stack_behind_a_launcher_prefix_is_bounded_too():
+    from hangdoc.readers import read_text
+
+    lines = ["[rank1]:Thread 0x00007f (most recent call first):"]
+    lines += ['[rank1]:  File "t.py", line 5 in recurse'] * 30_000 + ['[rank1]:  File "t.py", line 9 in main', ""]
+    job = read_text("\n".join(lines))
+    (p,) = job.processes
+    frames = [f.function for f in p.main_thread.frames]
+    assert (p.rank, len(frames), frames[0], frames[-1]) == (1, 10_001, "main", "recurse")
+    assert "<20001 frames not read>" in frames

@@ -232,6 +232,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     tag_start = _TAG_PREFIX.strip()
     # Fast path: frame lines of the un-prefixed channel (nearly every line of a dump) go straight
     # to its parser's sink; msink/mindent mirror main.parser's and are refreshed after any other line.
+    touched: Set[_Channel] = set()  # channels with lines in the current chunk
     msink: Optional[List[str]] = None
     mindent = "\x00"
     for first, block in chunks(path, ctx, fileobj):
@@ -243,6 +244,7 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
                 continue
             if line[:1] == "[":
                 ch, text = _channel_for(channels, line)
+                touched.add(ch)
             else:
                 ch, text = main, line
                 mp = main.parser
@@ -265,7 +267,9 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
             else:
                 msink = None
         last = lineno
-        _squeeze_sinks(channels)
+        touched.add(main)
+        _squeeze_sinks(touched)
+        touched.clear()
     for ch in channels.values():
         close(ch)
     if ctx.cut_off and ctx.cut_off == last and emitted:
@@ -301,9 +305,10 @@ def _read_stacks(path: str, source: Source, interner: Interner, fileobj=None) ->
     return procs
 
 
-def _squeeze_sinks(channels: Dict[str, _Channel]) -> None:
-    """Keep a runaway stack's raw lines bounded while it is read (its middle goes, see _base.squeeze)."""
-    for ch in channels.values():
+def _squeeze_sinks(channels: Iterable[_Channel]) -> None:
+    """Keep a runaway stack's raw lines bounded while it is read (its middle goes, see _base.squeeze):
+    called once a chunk with the channels that had lines in it."""
+    for ch in channels:
         sink = ch.parser.sink if ch.parser is not None else None
         if sink is not None and len(sink) >= 128:
             squeeze(sink)
