@@ -20,7 +20,8 @@ Graphviz, not hangdoc's code). Inputs are made by
 Everything runs in this process. Per input: CPU and wall time, the peak RSS so far
 (``resource.getrusage``), and every ``--tracemalloc-every``-th input its Python allocation peak
 (``tracemalloc``). Reported: internal errors (an exception out of the pipeline, and reader
-exceptions the readers' own catch-alls turned into "could not read" parse errors), inputs over
+exceptions the readers' own catch-alls turned into "could not read" parse errors, and rules that
+raised, which the diagnosis reports and skips), inputs over
 ``--slow`` seconds, peak memory. The address space is capped (``--as-limit-mb``) so that a blow-up
 is a MemoryError counted here, not a machine out of memory; a stuck input is cut by SIGALRM.
 Exit status 1 when any criterion fails (internal errors, slow inputs, peak RSS over ``--max-rss-mb``).
@@ -29,6 +30,7 @@ Exit status 1 when any criterion fails (internal errors, slow inputs, peak RSS o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -432,10 +434,13 @@ def write_input(d: str, files: Files) -> List[str]:
 
 
 def run_one(paths: List[str], walk_dir: Optional[str]) -> Tuple[int, int]:
-    """The pipeline on one input: (reader exceptions caught as parse errors, processes + records)."""
+    """The pipeline on one input: (reader exceptions and failed rules caught on the way, processes + records)."""
     job = read_paths([walk_dir] if walk_dir else paths)
     caught = sum(1 for e in job.errors if e.message.startswith(CAUGHT))
-    report = analyse(job)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # diagnose prints "hangdoc: rule X failed: ..." for a rule that raised
+        report = analyse(job)
+    caught += err.getvalue().count("hangdoc: rule ")
     for fmt in FORMATS:
         render(report, fmt, RenderOptions())
     render(report, "text", RenderOptions(color=True))

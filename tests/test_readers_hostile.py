@@ -304,3 +304,21 @@ def test_a_deep_stack_behind_a_launcher_prefix_is_bounded_too():
     frames = [f.function for f in p.main_thread.frames]
     assert (p.rank, len(frames), frames[0], frames[-1]) == (1, 10_001, "main", "recurse")
     assert "<20001 frames not read>" in frames
+
+
+def test_a_stack_of_ten_thousand_worker_loop_frames_is_diagnosed_in_linear_time(capsys):
+    """Found by benchmarks/fuzz_aggregate.py (a duplicated line): the worker shape recursed once
+    per _worker_loop frame, classifying the rest each time: 9 s and a RecursionError in a rule."""
+    import time
+
+    from hangdoc.analysis import analyse
+    from hangdoc.readers import read_text
+
+    frame = '  File "/usr/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 309 in _worker_loop'
+    text = "\n".join(["Thread 0x00007f (most recent call first):", '  File "/usr/lib/python3.11/threading.py", line 320 in wait']
+                     + [frame] * 9_999 + ['  File "train.py", line 3 in <module>', ""])
+    t = time.process_time()
+    report = analyse(read_text(text))
+    assert time.process_time() - t < 2
+    assert "failed" not in capsys.readouterr().err
+    assert report.findings
