@@ -396,7 +396,8 @@ class Report:
     groups: List[Group] = field(default_factory=list)
     tree: TreeNode = field(default_factory=TreeNode)
     findings: List[Finding] = field(default_factory=list)
-    #: ranks the world size implies but no source mentions.
+    #: ranks the world size implies but no source mentions (a ``hangdoc.ranges.RankSet`` from
+    #: ``build_report``: runs, so a world of a million ranks is never enumerated).
     missing_ranks: List[int] = field(default_factory=list)
     #: "function" or "function+line": how frames were compared when grouping.
     granularity: str = "function+line"

@@ -12,12 +12,126 @@ Used by every renderer and in finding summaries, so that 384 ranks read as one s
 
 from __future__ import annotations
 
-import re
-from typing import Dict, Iterable, List, Optional, Tuple
+from bisect import bisect_right
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+#: ranks listed one by one where a list of ranks must be enumerated (a finding's ``culprits``):
+#: beyond this the compressed text (``ranks 1-1048575``) says it all.
+MAX_LISTED = 10_000
+
+
+class RankSet:
+    """A set of ranks held as sorted runs ``[(lo, hi), ...]``: a million missing ranks are one run.
+
+    Sizes, membership and text cost O(runs), never O(ranks): the ranks a world size implies are
+    reasoned about without enumerating the world. It compares equal to the sorted list of its ranks.
+
+        >>> s = RankSet.missing(world=1 << 20, present={0, 5})
+        >>> s.runs, len(s), 3 in s, 5 in s
+        ([(1, 4), (6, 1048575)], 1048574, True, False)
+        >>> RankSet.missing(4, [0, 2]) == [1, 3], compress_ranks(s)
+        (True, '1-4,6-1048575')
+    """
+
+    __slots__ = ("runs", "_len")
+
+    def __init__(self, runs: Sequence[Tuple[int, int]] = ()) -> None:
+        self.runs: List[Tuple[int, int]] = list(runs)
+        self._len = sum(hi - lo + 1 for lo, hi in self.runs)
+
+    @classmethod
+    def of(cls, ranks: Iterable[int]) -> "RankSet":
+        """The set of ``ranks`` (any iterable of ints, or a RankSet)."""
+        if isinstance(ranks, RankSet):
+            return ranks
+        runs: List[Tuple[int, int]] = []
+        for v in sorted(set(ranks)):
+            if runs and v == runs[-1][1] + 1:
+                runs[-1] = (runs[-1][0], v)
+            else:
+                runs.append((v, v))
+        return cls(runs)
+
+    @classmethod
+    def missing(cls, world: int, present: Iterable[int]) -> "RankSet":
+        """Ranks ``0..world-1`` not in ``present``: O(len(present) log len(present)), whatever ``world``."""
+        runs: List[Tuple[int, int]] = []
+        nxt = 0
+        for v in sorted({r for r in present if isinstance(r, int) and 0 <= r < world}):
+            if v > nxt:
+                runs.append((nxt, v - 1))
+            nxt = v + 1
+        if world > nxt:
+            runs.append((nxt, world - 1))
+        return cls(runs)
+
+    def minus(self, other: Iterable[int]) -> "RankSet":
+        """This set without the ranks of ``other`` (O(runs of both))."""
+        o = RankSet.of(other).runs
+        out: List[Tuple[int, int]] = []
+        j = 0
+        for lo, hi in self.runs:
+            while j < len(o) and o[j][1] < lo:
+                j += 1
+            k = j
+            cur = lo
+            while k < len(o) and o[k][0] <= hi:
+                if o[k][0] > cur:
+                    out.append((cur, o[k][0] - 1))
+                cur = max(cur, o[k][1] + 1)
+                k += 1
+            if cur <= hi:
+                out.append((cur, hi))
+        return RankSet(out)
+
+    def first(self, n: int) -> List[int]:
+        """The ``n`` lowest ranks."""
+        out: List[int] = []
+        for lo, hi in self.runs:
+            out.extend(range(lo, min(hi, lo + n - len(out) - 1) + 1))
+            if len(out) >= n:
+                break
+        return out
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def __iter__(self) -> Iterator[int]:
+        for lo, hi in self.runs:
+            yield from range(lo, hi + 1)
+
+    def __contains__(self, rank: object) -> bool:
+        if not isinstance(rank, int):
+            return False
+        i = bisect_right(self.runs, (rank, float("inf"))) - 1
+        return i >= 0 and self.runs[i][0] <= rank <= self.runs[i][1]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankSet):
+            return self.runs == other.runs
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._len and self._len <= MAX_LISTED and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self)) if self._len <= 64 else f"RankSet({compress_ranks(self)!r})"
+
+
+def _runs(ranks: Iterable[int]) -> List[Tuple[int, int]]:
+    return ranks.runs if isinstance(ranks, RankSet) else RankSet.of(ranks).runs
+
+
+def _join_runs(runs: Iterable[Tuple[int, int]]) -> str:
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:
     """Sorted, de-duplicated, consecutive runs joined with ``-``; empty input gives ``''``."""
+    if isinstance(ranks, RankSet):
+        return _join_runs(ranks.runs)
     values = sorted(set(ranks))
     if not values:
         return ""
@@ -46,13 +160,16 @@ def expand_ranks(text: str) -> List[int]:
             lo, hi = int(a), int(b)
             if hi < lo:
                 raise ValueError(f"bad range {part!r}")
+            if hi - lo >= 1 << 20:
+                raise ValueError(f"range {part!r} holds more than {1 << 20} ranks")
             result.extend(range(lo, hi + 1))
         else:
             result.append(int(part))
     return sorted(set(result))
 
 
-_HOST_RE = re.compile(r"^(.*?)(\d+)$")
+#: a host number wider than this is no number to fold (and too wide for a cheap int())
+_MAX_HOST_DIGITS = 18
 
 
 def compress_hosts(hosts: Iterable[str]) -> str:
@@ -70,11 +187,13 @@ def compress_hosts(hosts: Iterable[str]) -> str:
     numbered: List[Tuple[str, str]] = []
     padded: Dict[str, set] = {}
     for h in sorted(set(hosts)):
-        m = _HOST_RE.match(h)
-        if not m:
+        # the trailing digits, found by one scan from the end (the regex ^(.*?)(\d+)$ was
+        # quadratic: 25 s on a 60 KB name)
+        prefix = h.rstrip("0123456789")
+        digits = h[len(prefix):]
+        if not digits or len(digits) > _MAX_HOST_DIGITS or not digits.isascii():
             plain.append(h)
             continue
-        prefix, digits = m.group(1), m.group(2)
         numbered.append((prefix, digits))
         if len(digits) > 1 and digits[0] == "0":
             padded.setdefault(prefix, set()).add(len(digits))
@@ -110,22 +229,15 @@ def describe_ranks(ranks: Iterable[int], max_runs: Optional[int] = None) -> str:
     >>> describe_ranks(range(0, 40, 2), max_runs=3)
     'ranks 0,2,4 … and 17 more'
     """
-    values = sorted(set(ranks))
-    if len(values) == 1:
-        return f"rank {values[0]}"
-    if max_runs is None:
-        return f"ranks {compress_ranks(values)}"
-    runs: List[Tuple[int, int]] = []
-    for v in values:
-        if runs and v == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], v)
-        else:
-            runs.append((v, v))
-    if len(runs) <= max_runs:
-        return f"ranks {compress_ranks(values)}"
+    rs = RankSet.of(ranks)
+    runs = rs.runs
+    if len(rs) == 1:
+        return f"rank {runs[0][0]}"
+    if max_runs is None or len(runs) <= max_runs:
+        return f"ranks {_join_runs(runs)}"
     shown = runs[:max_runs]
-    more = len(values) - sum(b - a + 1 for a, b in shown)
-    return "ranks " + ",".join(str(a) if a == b else f"{a}-{b}" for a, b in shown) + f" … and {more} more"
+    more = len(rs) - sum(b - a + 1 for a, b in shown)
+    return "ranks " + _join_runs(shown) + f" … and {more} more"
 
 
 def describe_ranks_capped(ranks: Iterable[int]) -> str:

@@ -28,6 +28,7 @@ import sys
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.model import STATUS_OK, Frame, Group, Job, Process, Report, TreeNode
+from hangdoc.ranges import RankSet
 
 GRANULARITIES = ("function+line", "function")
 
@@ -229,8 +230,9 @@ def _frame_key(f: Optional[Frame]) -> Tuple:
 # -- missing ranks ------------------------------------------------------------------------------
 
 
-def missing_ranks(job: Job) -> List[int]:
-    """Ranks below ``job.world_size`` that no process and no record names.
+def missing_ranks(job: Job) -> RankSet:
+    """Ranks below ``job.world_size`` that no process and no record names, as runs: a world size
+    read from a dump is not enumerated (``world_size=9999999999999`` costs nothing).
 
         >>> from hangdoc.model import Process
         >>> missing_ranks(Job(processes=[Process(rank=0), Process(rank=2)], world_size=4))
@@ -240,7 +242,7 @@ def missing_ranks(job: Job) -> List[int]:
         return []
     seen = {p.rank for p in job.processes if p.rank is not None}
     seen.update(r.rank for r in job.records)
-    return [r for r in range(job.world_size) if r not in seen]
+    return RankSet.missing(job.world_size, seen)
 
 
 # -- summaries ----------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 from hangdoc.analysis import sequence
 from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
-from hangdoc.ranges import MAX_RUNS
+from hangdoc.ranges import MAX_LISTED, MAX_RUNS, RankSet
 # finding text: long rank lists end in "… and N more" (the culprits keep every rank)
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
@@ -282,20 +282,26 @@ def _missing_ranks(report: Report, records: List[CollectiveRecord]) -> List[Find
     if not world:
         return []
     have = {r.rank for r in records} | {p.rank for p in report.job.processes if p.rank is not None}
-    missing = [r for r in range(world) if r not in have]
+    missing = RankSet.missing(world, have)
     if report.job.processes:
         # The stack side reports the ranks the grouping already found missing; add only the rest.
-        missing = [r for r in missing if r not in report.missing_ranks]
+        missing = missing.minus(report.missing_ranks)
     if not missing:
         return []
     return [Finding(
         kind="missing-rank",
         summary=f"{describe_ranks(missing)} left no records and no stacks (world size {world})",
-        culprits=[Culprit(rank=r) for r in missing],
-        evidence=[f"records came from {describe_ranks(r.rank for r in records)}"],
+        culprits=[Culprit(rank=r) for r in missing.first(MAX_LISTED)],
+        evidence=[f"records came from {describe_ranks(r.rank for r in records)}"] + _listed_note(missing),
         advice=["Check whether those processes died, were never started, or wrote to another directory."],
         confidence=CONFIDENCE_MISSING,
     )]
+
+
+def _listed_note(missing: RankSet) -> List[str]:
+    if len(missing) <= MAX_LISTED:
+        return []
+    return [f"culprits name the first {MAX_LISTED} of the {len(missing)} missing ranks; the summary names them all"]
 
 
 def _all_waiting(report: Report, records: List[CollectiveRecord]) -> List[Finding]:

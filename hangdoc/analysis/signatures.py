@@ -409,7 +409,10 @@ def _shape(frames: Tuple[Frame, ...]) -> _Shape:
     # A DataLoader worker process: its own category, whatever it is doing inside.
     for i, s in enumerate(sigs):
         if s is not None and s.category == "dataloader-worker":
-            inner = _shape(frames[i + 1:]) if i + 1 < n else _Shape("unknown", "", None, None)
+            # what it does: the frames inside its innermost _worker_loop frame, shaped once (a stack
+            # of 10,000 _worker_loop frames recursed 10,000 deep, each level classifying the rest)
+            last = max(j for j in range(i, n) if sigs[j] is not None and sigs[j].category == "dataloader-worker")
+            inner = _shape(frames[last + 1:]) if last + 1 < n else _Shape("unknown", "", None, None)
             user = [j for j in range(i + 1, n) if not is_library(frames[j])]
             if inner.category in _OPERATIONS or inner.category in PLAIN_WAITS:
                 idle = not user  # only torch/stdlib frames below _worker_loop: waiting for an index
@@ -417,7 +420,7 @@ def _shape(frames: Tuple[Frame, ...]) -> _Shape:
             else:
                 detail = "busy" if user else "idle"
             site = user[-1] if user else None
-            at = (inner.frame_index + i + 1) if inner.frame_index is not None else (user[-1] if user else i)
+            at = (inner.frame_index + last + 1) if inner.frame_index is not None else (user[-1] if user else i)
             return _Shape("dataloader-worker", "worker", at, site, detail, i)
 
     # The wait chain: innermost frames that are library code or that a signature names.

@@ -58,7 +58,7 @@ from hangdoc.model import (
     Process,
     Report,
 )
-from hangdoc.ranges import compress_hosts
+from hangdoc.ranges import MAX_LISTED, RankSet, compress_hosts
 # finding text: long rank lists end in "… and N more" (the culprits keep every rank)
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
@@ -262,7 +262,7 @@ class _Analysis:
         self.ok_b = [b for b in self.rank_b if b.ok]
         self.workers = _procs(self.worker_b)
         self.not_ok = _procs(b for b in buckets if not b.ok)
-        self.missing = list(report.missing_ranks or [])
+        self.missing = RankSet.of(report.missing_ranks or ())
         self._wait: Optional[Dict[int, Wait]] = None
         self._by_rank: Optional[Dict[Optional[int], Process]] = None
         self._evidence: Dict[Tuple[int, ...], List[str]] = {}
@@ -391,7 +391,9 @@ class _Analysis:
             evidence += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
         advice = ["Check whether it is still running: its log, exit code, `dmesg` on its node (OOM killer), `ps` for its pid.",
                   "If it runs, dump it too (`hangdoc dump` on its node) and aggregate again."]
-        self.out.append(Finding("missing-rank", summary, [Culprit(rank=r) for r in sorted(self.missing)], evidence, advice,
+        if len(self.missing) > MAX_LISTED:
+            evidence.append(f"culprits name the first {MAX_LISTED} of the {len(self.missing)} missing ranks; the summary names them all")
+        self.out.append(Finding("missing-rank", summary, [Culprit(rank=r) for r in self.missing.first(MAX_LISTED)], evidence, advice,
                                 0.7 if others else 0.4))
         return True
 

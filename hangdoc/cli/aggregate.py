@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from hangdoc.bounds import MAX_PID, MAX_RANK, bounded_int
 from hangdoc.cli import UsageError, write_stdout
 
 FORMATS = ("text", "json", "markdown", "html", "dot", "svg")
@@ -119,9 +120,11 @@ def read_rank_map(path: str) -> Dict[str, int]:
         >>> read_rank_map(p)
         {'node1:42': 0, '43': 1}
     """
+    from hangdoc.safeio import open_input, read_bounded
+
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        with open_input(path) as f:  # a regular file only: a FIFO or a device would block or never end
+            data = read_bounded(f, 256 << 20, "rank map")
     except OSError as e:
         raise UsageError(f"--rank-map {path}: {e.strerror or e}")
     text = data.decode("utf-8", "replace")
@@ -143,12 +146,15 @@ def read_rank_map(path: str) -> Dict[str, int]:
         parts = line.replace("=", " ").replace(",", " ").split()
         try:
             if len(parts) == 2:
-                key, rank = parts[0], int(parts[1])
+                key, rank = parts[0], bounded_int(parts[1], 0, MAX_RANK)
             elif len(parts) == 3:  # "host pid rank"
-                key, rank = f"{parts[0]}:{int(parts[1])}", int(parts[2])
+                pid = bounded_int(parts[1], 0, MAX_PID)
+                key, rank = f"{parts[0]}:{pid}", bounded_int(parts[2], 0, MAX_RANK)
+                if pid is None:
+                    raise ValueError
             else:
                 raise ValueError
-            if rank < 0:
+            if rank is None:
                 raise ValueError
             if key in out and out[key] != rank:
                 raise UsageError(f"{path}:{n}: {key} is given rank {rank} here and rank {out[key]} before")

@@ -19,10 +19,77 @@ import re
 from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hangdoc.analysis.normalize import normalize_file
+from hangdoc.bounds import MAX_PID, MAX_RANK, bounded_int
 from hangdoc.model import Frame, ParseError, Process, Source
+from hangdoc.safeio import open_input
+from hangdoc.textsafe import strip_ansi
 
 #: a line longer than this is cut (and reported once per file): binary garbage has no newlines.
 MAX_LINE = 1 << 16
+#: bytes of one file read at most; the rest is reported, not read
+MAX_FILE = 16 << 30
+#: frame lines of one thread kept: the outermost and innermost half each; the middle of a deeper
+#: stack (runaway recursion) is dropped and said so (a 1M-frame stack took 20 s and 2.6 GB)
+MAX_DEPTH = 10_000
+#: and at most this many characters of them (10,000 lines of 64 KiB would be 640 MB)
+MAX_STACK_CHARS = 8 << 20
+#: what stands for dropped lines in a thread's raw lines: NUL never reaches a reader's line
+DROPPED = "\x00"
+
+
+def _kept(raw: List[str], order: "range") -> int:
+    """How many lines from one end of ``raw`` fit in half the depth and half the characters."""
+    budget = MAX_STACK_CHARS // 2
+    k = 0
+    for i in order:
+        budget -= len(raw[i])
+        if k >= MAX_DEPTH // 2 or budget < 0:
+            break
+        k += 1
+    return max(k, 1)
+
+
+def squeeze(raw: List[str]) -> List[str]:
+    """``raw`` (a thread's frame lines) with its middle replaced by one :data:`DROPPED` marker
+    ``"\\x00N"`` when it holds more than :data:`MAX_DEPTH` lines or :data:`MAX_STACK_CHARS`
+    characters; in place, and returned.
+
+    >>> r = squeeze([str(i) for i in range(MAX_DEPTH + 10)])
+    >>> len(r), r[MAX_DEPTH // 2], dropped(r)
+    (10001, '\\x0010', 10)
+    """
+    n = len(raw)
+    if n <= MAX_DEPTH + 1 and (n < 128 or sum(map(len, raw)) <= MAX_STACK_CHARS):
+        return raw
+    head = _kept(raw, range(n))
+    tail = _kept(raw, range(n - 1, -1, -1))
+    if head + tail >= n:
+        return raw
+    count = 0
+    for x in raw[head:n - tail]:
+        count += int(x[1:]) if x[:1] == DROPPED else 1
+    raw[head:n - tail] = [DROPPED + str(count)]
+    return raw
+
+
+def dropped(raw: List[str]) -> int:
+    """How many lines :func:`squeeze` dropped from ``raw``."""
+    return sum(int(x[1:]) for x in raw if x[:1] == DROPPED)
+
+
+def dropped_frame(n: int) -> Frame:
+    """The frame that stands where ``n`` frame lines of a too deep stack were dropped."""
+    return Frame(function=f"<{n} frames not read>", file="", line=None)
+
+
+def report_squeezed(ctx: "FileContext", raw: List[str], at: int) -> List[str]:
+    """:func:`squeeze` ``raw`` and report (once per file) what was dropped, against line ``at``."""
+    squeeze(raw)
+    n = dropped(raw)
+    if n:
+        ctx.error(at, f"stack deeper than {MAX_DEPTH} frames or {MAX_STACK_CHARS >> 20} MiB: {n} frame lines in its "
+                      f"middle not read (kept {len(raw) - 1} outermost and innermost)")
+    return raw
 
 
 class Interner:
@@ -61,6 +128,9 @@ def frames_from_lines(ctx: "FileContext", raw: List[str], parse: Callable[[str],
     cache = ctx.interner.frames
     out: List[Frame] = []
     for text in raw:
+        if text[:1] == DROPPED:
+            out.append(dropped_frame(int(text[1:])))
+            continue
         f = cache.get(text)
         if f is None and text not in cache:
             f = cache[text] = parse(text)
@@ -91,6 +161,8 @@ class FileContext:
         self._errors_seen: Dict[str, int] = {}
         #: the number of the last line when it has no newline (the file was cut off mid-line)
         self.cut_off = 0
+        #: distinct problems past MAX_ERRORS, counted, not listed
+        self.more_errors = 0
 
     def error(self, line: int, message: str) -> None:
         # one ParseError per problem: the same message on many lines is reported once, with a count
@@ -99,10 +171,16 @@ class FileContext:
         if n is not None:
             self._errors_seen[message] = n + 1
             return
+        if len(self._errors_seen) >= MAX_ERRORS:
+            self.more_errors += 1
+            return
         self._errors_seen[message] = 1
         self.source.errors.append(ParseError(self.path, line, message))
 
     def finish(self) -> None:
+        if self.more_errors:
+            self.source.errors.append(ParseError(self.path, 0, f"{self.more_errors} more problems (the first {MAX_ERRORS} are listed)"))
+            self.more_errors = 0
         repeated = {m: n for m, n in self._errors_seen.items() if n > 1}
         if not repeated:
             return
@@ -142,18 +220,21 @@ def identity_from_name(base: str) -> Tuple[Optional[str], Optional[int], Optiona
     """
     m = _HANGDOC_NAME_RE.match(base)
     if m:
-        return m.group(1), int(m.group(2)), int(m.group(3))
+        return m.group(1), bounded_int(m.group(2), 0, MAX_RANK), bounded_int(m.group(3), 0, MAX_PID)
     m = _NICERTRACE_NAME_RE.match(base)
     if m:
-        return m.group(1), None, int(m.group(3))
+        return m.group(1), None, bounded_int(m.group(3), 0, MAX_PID)
     m = _TRACE_NAME_RE.match(base)
     if m:
         return m.group(1), None, None
     m = _RANK_NAME_RE.search(base)
     if m:
-        return None, int(m.group(1)), None
+        return None, bounded_int(m.group(1), 0, MAX_RANK), None
     return None, None, None
 
+
+#: distinct problems of one file listed; the rest are counted
+MAX_ERRORS = 1000
 
 #: bytes read at a time; a file is never held in memory whole.
 CHUNK = 1 << 22
@@ -174,15 +255,16 @@ def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None,
     """
     if fileobj is None:
         try:
-            f: BinaryIO = open(path, "rb")
+            f: BinaryIO = open_input(path)
         except OSError as e:
             ctx.error(0, f"cannot read: {e.strerror or e}")
             return
     else:
         f = fileobj
-    state = {"bad_utf8": False, "long": False}
+    state = {"bad_utf8": False, "long": False, "nul": False}
     n = 1
     rest = b""
+    total = 0
     with f:
         while True:
             try:
@@ -191,6 +273,10 @@ def chunks(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None,
                 ctx.error(n, f"read error: {e.strerror or e}")
                 return
             if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_FILE:
+                ctx.error(n, f"file larger than {MAX_FILE >> 30} GiB: the rest not read")
                 break
             data = rest + chunk if rest else chunk
             cut = data.rfind(b"\n")
@@ -236,7 +322,13 @@ def _decode(ctx: FileContext, state: dict, first: int, block: bytes) -> List[str
                     ctx.error(first + i, "bytes that are not UTF-8 (replaced; first such line)")
         text = "\n".join(out)
     if "\x00" in text:
+        if not state["nul"]:
+            state["nul"] = True
+            at = first + text[:text.index("\x00")].count("\n")
+            ctx.error(at, "NUL bytes: a hole (the file was cut or overwritten while being written); read around it")
         text = text.replace("\x00", "")
+    if "\x1b" in text or "\x9b" in text:
+        text = strip_ansi(text)
     if "\r" not in text:
         return text.split("\n")
     out = text.replace("\r\n", "\n").split("\n")
@@ -295,6 +387,8 @@ class BlockParser:
                  at: int) -> Tuple[Frame, ...]:
         """The interned frames of one thread's raw frame lines: equal lists of lines, which most
         threads of a job have, are parsed once; unreadable lines are reported against line ``at``."""
+        if len(raw) >= 128:
+            report_squeezed(self.ctx, raw, at)
         return self.ctx.interner.stack((self.format,) + tuple(raw),
                                        lambda: frames_from_lines(self.ctx, raw, parse, reverse, self.format, at))
 

@@ -24,8 +24,24 @@ FORMAT = "crash"
 KEYWORDS = ("Fatal Python error", "Assertion `", "illegal memory access")
 
 _FATAL_RE = re.compile(r"Fatal Python error: (.{1,300})")
-_ASSERT_RE = re.compile(r"([^\s:]{1,512}:\d{1,9}: (?:[^:]{1,200}: )?Assertion `.{1,300}' failed\.)")
 _CUDA_RE = re.compile(r"(CUDA error: an illegal memory access was encountered)")
+
+
+def _assertion(text: str):
+    """``file.c:756: func: Assertion `x' failed.`` (glibc's assert), found with two finds, no regex."""
+    i = text.find("Assertion `")
+    if i < 0:
+        return None
+    j = text.find("' failed.", i, i + 400)
+    if j < 0:
+        return None
+    start = max(text.rfind(" ", 0, max(i - 300, 0)) + 1, i - 300, 0)
+    head = text[start:i]
+    # "python: src/psm2_nccl_net.c:756: mq_progress_loop: " -> from the file name on
+    k = head.find(": ")
+    if k >= 0 and ":" in head[k + 2:]:
+        head = head[k + 2:]
+    return (head + text[i:j + len("' failed.")]).strip()
 
 
 class Reader(LineReader):
@@ -37,9 +53,9 @@ class Reader(LineReader):
         if m is not None:
             self.emit("exception", lineno, ident, text, exc=f"Fatal Python error: {m.group(1).strip()}", via="crash")
             return
-        m = _ASSERT_RE.search(text)
-        if m is not None:
-            self.emit("exception", lineno, ident, text, exc=m.group(1), via="crash")
+        exc = _assertion(text)
+        if exc is not None:
+            self.emit("exception", lineno, ident, text, exc=exc, via="crash")
             return
         m = _CUDA_RE.search(text)
         if m is not None and "terminated with exception" not in text and not text.lstrip().startswith("what()"):

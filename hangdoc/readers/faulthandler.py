@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
+from hangdoc.bounds import MAX_LINE_NO, bounded_int
 from hangdoc.model import STATUS_TRUNCATED, Frame, Process, Thread
 from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
@@ -54,7 +55,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
     m = _FRAME_RE.match(text)
     if not m:
         return None
-    line = int(m.group(2)) if m.group(2).isdigit() else None
+    line = bounded_int(m.group(2), 0, MAX_LINE_NO)
     return make_frame(m.group(3), m.group(1), line)
 
 

@@ -22,6 +22,8 @@ from hangdoc.readers._base import Interner
 from hangdoc.readers.merge import finish_job
 from hangdoc.readers.registry import markers_re
 from hangdoc.readers.stream import read_stream
+from hangdoc.safeio import drop_nul_runs, open_input, sniff_head
+from hangdoc.textsafe import strip_ansi_bytes
 
 __all__ = ["read_paths", "read_files", "read_file", "read_text", "expand_paths", "gc_paused"]
 
@@ -88,26 +90,30 @@ def expand_paths(paths: Iterable[str]) -> List[Tuple[str, bool]]:
     return out
 
 
-def _head(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(HEAD_BYTES)
+def _head(path: str, follow: bool = True) -> bytes:
+    """The first bytes of a regular file, past a hole of NULs at its start (see hangdoc.safeio)."""
+    with open_input(path, follow=follow) as f:
+        return sniff_head(f, HEAD_BYTES)
 
 
 def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[Source]:
     """Read one file into ``job``; None when a walked file is not a dump (skipped quietly)."""
     source = Source(path)
     base = os.path.basename(path)
+    follow = named  # a file met in a directory walk is never read through a symbolic link
     named = named or any(fnmatch.fnmatch(base, pat) for pat in _DUMP_NAMES)
     try:
-        head = _head(path)
+        head = _head(path, follow)
     except OSError as e:
         if not named:
             return None
-        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e.__class__.__name__}"))
+        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e}"))
         return source
+    # colour codes and NUL holes (a file cut while written) say nothing about what a file is
+    clean = strip_ansi_bytes(drop_nul_runs(head))
     records = _optional("hangdoc.readers.records")
     if records is not None and (fnmatch.fnmatch(base, "collectives-*.jsonl") or records.looks_like(path, head)):
-        recs = _call_reader(records, path, source)
+        recs = _call_reader(records, path, source, follow)
         source.records = len(recs)
         source.formats.append(getattr(records, "FORMAT", "hangdoc-records"))
         job.records.extend(recs)
@@ -119,19 +125,24 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
         except Exception:
             is_fr = False
         if is_fr or fnmatch.fnmatch(base, "nccl_trace_rank_*") or fnmatch.fnmatch(base, "fr_trace*"):
-            recs = _call_reader(fr, path, source)
+            recs = _call_reader(fr, path, source, follow)
             source.records = len(recs)
             source.formats.append(getattr(fr, "FORMAT", "flight-recorder"))
             job.records.extend(recs)
             return source
-    marked = markers_re().search(head) is not None
+    marked = markers_re().search(clean) is not None
     if not named:
-        if base.endswith(_SKIP_SUFFIXES) or base in _OWN_OUTPUTS or b"\x00" in head[:4096] or not marked:
+        if base.endswith(_SKIP_SUFFIXES) or base in _OWN_OUTPUTS or b"\x00" in clean[:4096] or not marked:
             return None
-    elif b"\x00" in head[:4096] and not marked:
+    elif b"\x00" in clean[:4096] and not marked:
         source.errors.append(ParseError(path, 1, "binary file, not a stack dump or a log; skipped"))
         return source
-    procs, events = read_stream(path, source, interner)
+    try:
+        f = open_input(path, follow=follow)
+    except OSError as e:
+        source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e}"))
+        return source
+    procs, events = read_stream(path, source, interner, f)
     if not procs and not events and not named:
         return None  # a walked file that only looked like evidence (a log that mentions "Thread ")
     source.processes = len(procs)
@@ -143,9 +154,9 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
     return source
 
 
-def _call_reader(module, path: str, source: Source) -> List[CollectiveRecord]:
+def _call_reader(module, path: str, source: Source, follow: bool = True) -> List[CollectiveRecord]:
     try:
-        return list(module.read(path, source))
+        return list(module.read(path, source, follow=follow))
     except Exception as e:  # another engineer's reader failing must not take the stacks down
         source.errors.append(ParseError(path, 0, f"could not read records: {type(e).__name__}: {e}"))
         return []

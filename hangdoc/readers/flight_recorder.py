@@ -9,8 +9,12 @@ input_dtypes, output_sizes, state (scheduled/started/completed), retired, time_c
 The file name carries the rank (the dump itself does not). In torch 2.13 gloo records collectives
 too (not send/recv), so real dumps can be taken on CPU.
 
-Pickles are read with an unpickler that resolves no global at all: a dump holds only dicts,
-lists, tuples, strings and numbers, and anything else is refused rather than executed.
+Pickles are read with an unpickler that resolves no global but plain containers: a dump holds
+only dicts, lists, tuples, strings and numbers, and anything else is refused rather than executed.
+It is the pure-Python unpickler, whose memo is a dict (the C one sizes its memo array by the
+index a pickle names: 8 bytes of pickle could ask for 16 GiB), and what it built is measured
+before it is used (:data:`MAX_NODES`): shared references make a few MB of pickle stand for 10^12
+elements, and a list may contain itself. The file is read whole, up to :data:`MAX_DUMP` bytes.
 
     >>> import pickle, os, tempfile
     >>> from hangdoc.model import Source
@@ -30,15 +34,15 @@ lists, tuples, strings and numbers, and anything else is refused rather than exe
 
 from __future__ import annotations
 
-import ast
 import io
 import json
 import os
 import pickle
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from hangdoc.bounds import MAX_RANK, MAX_RANKS, MAX_SEQ, MAX_SIZE, bounded, bounded_int
 from hangdoc.model import CollectiveRecord, ParseError, Source
+from hangdoc.safeio import open_input, read_bounded
 
 FORMAT = "flight-recorder"
 
@@ -56,10 +60,32 @@ _OPS = {
     "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "allreduce_coalesced": "all_reduce_coalesced",
     "_broadcast_oop": "broadcast", "_reduce_oop": "reduce",
 }
-_RANK_IN_NAME = re.compile(r"(\d+)(?:\.json|\.pkl|\.pickle)?$")
+_RANK_SUFFIXES = (".json", ".pkl", ".pickle")
 
 
-class _NoGlobals(pickle.Unpickler):
+def _rank_in_name(base: str) -> Optional[str]:
+    """The digits a file name ends in (before .json/.pkl/.pickle), found by one scan from the end
+    (the regex ``(\\d+)(...)?$`` was quadratic in a long run of digits).
+
+    >>> _rank_in_name("nccl_trace_rank_12"), _rank_in_name("fr_3.json"), _rank_in_name("x.pkl")
+    ('12', '3', None)
+    """
+    for suffix in _RANK_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[:-len(suffix)]
+            break
+    stem = base.rstrip("0123456789")
+    return base[len(stem):] or None
+
+
+#: bytes of one dump read at most (real dumps are a few MB)
+MAX_DUMP = 256 << 20
+#: containers and scalars a loaded dump may hold, counted with repeats (a shared list counts each
+#: time it is referred to): beyond this it is refused, never walked
+MAX_NODES = 10_000_000
+
+
+class _NoGlobals(pickle._Unpickler):  # type: ignore[name-defined,misc]  # the pure-Python one: see above
     """Containers and scalars only: a dump naming any class or function is refused."""
 
     def find_class(self, module: str, name: str) -> Any:  # noqa: D401
@@ -89,10 +115,51 @@ def looks_like(path: str, head: bytes) -> bool:
     return False
 
 
-def load(path: str) -> Dict[str, Any]:
-    """The dump as plain Python data; raises ValueError on anything else."""
-    with open(path, "rb") as f:
-        return loads(f.read())
+def load(path: str, follow: bool = True) -> Dict[str, Any]:
+    """The dump as plain Python data; raises ValueError on anything else, OSError on a file that is
+    no regular file or larger than :data:`MAX_DUMP`."""
+    with open_input(path, follow=follow) as f:
+        return loads(read_bounded(f, MAX_DUMP, "Flight Recorder dump"))
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _children(x: Any) -> Any:
+    if isinstance(x, dict):
+        return list(x.keys()) + list(x.values())
+    return x
+
+
+def _check_size(obj: Any) -> None:
+    """Raise ValueError when ``obj`` would hold more than :data:`MAX_NODES` values if every shared
+    reference were copied (what walking it costs), or contains itself (numbers out of bounds cost
+    their entry, see :func:`_record`). Costs O(distinct containers and their items), never the expanded size: each container's
+    expanded size is computed once (depth first, without recursion) and looked up after."""
+    size: Dict[int, int] = {}
+    entered = set()
+    stack: List[Tuple[Any, bool]] = [(obj, False)]
+    while stack:
+        x, done = stack.pop()
+        i = id(x)
+        if done:
+            n = 1
+            for c in _children(x):
+                n += size[id(c)] if isinstance(c, _CONTAINERS) else 1
+            if n > MAX_NODES:
+                raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values (shared references expanded)")
+            size[i] = n
+            entered.discard(i)
+            continue
+        if i in size:
+            continue
+        if i in entered:  # entered and not done: x is its own descendant
+            raise ValueError("not a Flight Recorder dump: a container that contains itself")
+        entered.add(i)
+        stack.append((x, True))
+        for c in _children(x):
+            if isinstance(c, _CONTAINERS) and id(c) not in size:
+                stack.append((c, False))
 
 
 def loads(data: bytes) -> Dict[str, Any]:
@@ -101,23 +168,27 @@ def loads(data: bytes) -> Dict[str, Any]:
         try:
             obj = _NoGlobals(io.BytesIO(data)).load()
         except Exception as e:  # any corrupt or hostile pickle
-            raise ValueError(f"not a readable Flight Recorder pickle: {e}") from None
+            raise ValueError(f"not a readable Flight Recorder pickle: {type(e).__name__}: {str(e)[:200]}") from None
     else:
         try:
             obj = json.loads(data.decode("utf-8", "replace"))
+        except RecursionError:
+            raise ValueError("not a Flight Recorder JSON dump: nested too deeply") from None
         except ValueError as e:
-            raise ValueError(f"not a Flight Recorder JSON dump: {e}") from None
+            raise ValueError(f"not a Flight Recorder JSON dump: {str(e)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list):
         raise ValueError("not a Flight Recorder dump (no 'entries' list)")
+    _check_size(obj)
     return obj
 
 
 def _rank_of(path: str, dump: Dict[str, Any]) -> Optional[int]:
     for key in ("rank", "global_rank"):
-        if isinstance(dump.get(key), int):
-            return dump[key]
-    m = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(m.group(1)) if m else None
+        r = bounded(dump.get(key), 0, MAX_RANK)
+        if r is not None:
+            return r
+    digits = _rank_in_name(os.path.basename(path))
+    return bounded_int(digits, 0, MAX_RANK) if digits else None
 
 
 def _pg_ranks(dump: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
@@ -128,16 +199,38 @@ def _pg_ranks(dump: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
     for key, value in cfg.items():
         if not isinstance(value, dict):
             continue
-        ranks = value.get("ranks")
-        try:
-            ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
-            ranks = tuple(int(r) for r in ranks or ())
-        except (ValueError, SyntaxError, TypeError):
-            ranks = ()
+        ranks = _rank_list(value.get("ranks"))
         for name in {str(key), str(value.get("name", key))}:
             if ranks:
                 out[name] = ranks
     return out
+
+
+def _rank_list(ranks: Any) -> Tuple[int, ...]:
+    """``"[0, 1, 2]"`` (as Flight Recorder writes a group's ranks) or a list → ranks; () when any
+    is no rank. Read by splitting, not ``ast.literal_eval`` (whose cost on hostile text is not bounded).
+
+    >>> _rank_list("[0, 1, 3]"), _rank_list([2, 5]), _rank_list("[1, x]"), _rank_list("[" + "9" * 5000 + "]")
+    ((0, 1, 3), (2, 5), (), ())
+    """
+    if isinstance(ranks, str):
+        text = ranks.strip()
+        if text[:1] in "[(" and text[-1:] in "])":
+            text = text[1:-1]
+        parts = [x for x in text.split(",") if x.strip()]
+    elif isinstance(ranks, (list, tuple)):
+        parts = list(ranks)
+    else:
+        return ()
+    if len(parts) > MAX_RANKS:
+        return ()
+    out = []
+    for x in parts:
+        r = bounded_int(x, 0, MAX_RANK)
+        if r is None:
+            return ()
+        out.append(r)
+    return tuple(out)
 
 
 def _call_site(frames: Any) -> str:
@@ -150,7 +243,7 @@ def _call_site(frames: Any) -> str:
         fn = str(fr.get("filename", ""))
         if not fn or "/torch/" in fn or "/hangdoc/runtime/" in fn or fn.startswith("<"):
             continue
-        return f"{fn}:{fr.get('line', '?')}:{fr.get('name', '?')}"
+        return f"{fn}:{str(fr.get('line', '?'))[:20]}:{str(fr.get('name', '?'))[:200]}"[:1000]
     return ""
 
 
@@ -159,20 +252,23 @@ def _op_and_p2p(name: str) -> Tuple[str, Optional[int], Optional[int]]:
     name = name.split(":", 1)[1] if ":" in name else name
     parts = name.split(" ")
     op = _OPS.get(parts[0], parts[0])
-    if len(parts) == 2 and "->" in parts[1]:
-        s, d = parts[1].split("->")
-        return op, int(s), int(d)
-    if len(parts) == 2 and "<-" in parts[1]:
-        d, s = parts[1].split("<-")
-        return op, int(s), int(d)
+    if len(parts) == 2 and ("->" in parts[1] or "<-" in parts[1]):
+        if "->" in parts[1]:
+            s, _, d = parts[1].partition("->")
+        else:
+            d, _, s = parts[1].partition("<-")
+        src, dst = bounded_int(s, 0, MAX_RANK), bounded_int(d, 0, MAX_RANK)
+        if src is None or dst is None:
+            raise ValueError(f"bad peer ranks in {name[:80]!r}")
+        return op, src, dst
     return op, None, None
 
 
-def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
+def read(path: str, source: Optional[Source] = None, follow: bool = True) -> List[CollectiveRecord]:
     """Records of one Flight Recorder dump; a bad entry is a ParseError (its index as the line)."""
     source = source if source is not None else Source(path)
     try:
-        dump = load(path)
+        dump = load(path, follow)
     except (OSError, ValueError) as e:
         source.errors.append(ParseError(path, 0, str(e)))
         return []
@@ -182,11 +278,17 @@ def read(path: str, source: Optional[Source] = None) -> List[CollectiveRecord]:
         return []
     ranks_of = _pg_ranks(dump)
     out: List[CollectiveRecord] = []
+    more = 0
     for i, e in enumerate(dump.get("entries") or (), 1):
         try:
             out.append(_record(e, rank, ranks_of))
-        except (KeyError, TypeError, ValueError, IndexError) as err:
-            source.errors.append(ParseError(path, i, f"bad Flight Recorder entry {i}: {type(err).__name__}: {err}"))
+        except _ENTRY_ERRORS as err:
+            if len(source.errors) < MAX_ERRORS:
+                source.errors.append(ParseError(path, i, f"bad Flight Recorder entry {i}: {type(err).__name__}: {str(err)[:200]}"))
+            else:
+                more += 1
+    if more:
+        source.errors.append(ParseError(path, 0, f"{more} more bad Flight Recorder entries (the first {MAX_ERRORS} are listed)"))
     # source.records / source.formats are the caller's (hangdoc.readers.read_paths) to fill.
     return out
 
@@ -199,37 +301,62 @@ def records_of(dump: Dict[str, Any], rank: int) -> List[CollectiveRecord]:
     for e in dump.get("entries") or ():
         try:
             out.append(_record(e, rank, ranks_of))
-        except (KeyError, TypeError, ValueError, IndexError):
+        except _ENTRY_ERRORS:
             pass
     return out
 
 
+#: bad entries of one dump reported one by one; the rest are counted
+MAX_ERRORS = 100
+#: what a malformed entry may raise: it costs that entry
+_ENTRY_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError)
+
+
+def _seconds(ns: Any) -> Optional[float]:
+    v = bounded(ns, 0, MAX_SEQ)
+    return v / 1e9 if v else None
+
+
 def _record(e: Dict[str, Any], rank: int, ranks_of: Dict[str, Tuple[int, ...]]) -> CollectiveRecord:
-    pg = e.get("process_group") or (str(e.get("pg_id", "0")), "undefined")
-    pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else "undefined"
+    if not isinstance(e, dict):
+        raise TypeError(f"an entry is a {type(e).__name__}, not a dict")
+    pg = e.get("process_group") or (str(e.get("pg_id", "0"))[:100], "undefined")
+    if not isinstance(pg, (list, tuple)) or not pg:
+        raise TypeError("'process_group' is no (name, description) pair")
+    pg_name, pg_desc = str(pg[0])[:200], str(pg[1])[:200] if len(pg) > 1 else "undefined"
     ranks = ranks_of.get(pg_name, ())
     group = "default_pg" if pg_desc == "default_pg" else pg_name
-    op, src, dst = _op_and_p2p(str(e["profiling_name"]))
+    name = str(e["profiling_name"])
+    if len(name) > 1000:
+        raise ValueError(f"profiling_name longer than 1000 characters: {name[:40]!r}...")
+    op, src, dst = _op_and_p2p(name)
     peer = None
     is_p2p = src is not None or bool(e.get("is_p2p"))
     if src is not None:
         other = dst if op == "send" else src
         peer = ranks[other] if ranks and 0 <= other < len(ranks) else other
     # Flight Recorder counts from 1; hangdoc's records (and every "#N" in a report) count from 0.
-    seq = max(0, int(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"]) - 1)
+    seq_id = bounded(e["p2p_seq_id"] if is_p2p else e["collective_seq_id"], 0, MAX_SEQ)
+    if seq_id is None:
+        raise ValueError(f"sequence number is no integer 0-{MAX_SEQ}")
+    seq = max(0, seq_id - 1)
     state = str(e.get("state", ""))
     # gloo leaves finished entries "scheduled" but retired; NCCL marks them "completed", and its
     # watchdog also retires an entry that timed out or was aborted, never completed.
     nccl = str(e.get("profiling_name", "")).startswith("nccl:")
     done = state == "completed" or (bool(e.get("retired")) and not nccl)
-    created = e.get("time_created_ns")
-    completed = e.get("time_discovered_completed_ns")
+    shapes = []
+    for s in e.get("input_sizes") or ():
+        dims = tuple(bounded(x, 0, MAX_SIZE) for x in s)
+        if None in dims:
+            raise ValueError(f"a tensor size is no integer 0-{MAX_SIZE}")
+        shapes.append(dims)
     return CollectiveRecord(
         rank=rank, seq=seq, op=op, group=group, group_ranks=tuple(ranks),
-        shapes=tuple(tuple(int(x) for x in s) for s in e.get("input_sizes") or ()),
-        dtypes=tuple(_DTYPES.get(str(d), str(d).lower()) for d in e.get("input_dtypes") or ()),
+        shapes=tuple(shapes),
+        dtypes=tuple(_DTYPES.get(str(d)[:40], str(d)[:40].lower()) for d in e.get("input_dtypes") or ()),
         peer=peer, async_op=False, call_site=_call_site(e.get("frames")),
-        time_issued=created / 1e9 if created else None,
-        time_completed=completed / 1e9 if completed else None,
+        time_issued=_seconds(e.get("time_created_ns")),
+        time_completed=_seconds(e.get("time_discovered_completed_ns")),
         state="completed" if done else "issued", origin="flight-recorder",
     )

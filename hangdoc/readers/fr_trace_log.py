@@ -41,8 +41,8 @@ KEYWORDS = ("Not all ranks joining collective",)
 MAX_RANKS = 1 << 16
 
 _START_RE = re.compile(r"Not all ranks joining collective(?:[,:]? sequence number:? (\d{1,20})| (\d{1,20}) at entry (\d{1,20}))?")
-_FIELD_RE = re.compile(r"([a-z][a-z ]{1,40}): ?(.{0,4096})$")
-_FRAME_RE = re.compile(r"(\S{1,512}) at (\S{1,4096}):(\d{1,9})$")
+_FIELD_RE = re.compile(r"^([a-z][a-z ]{1,40}): ?(.{0,4096})$")
+_FRAME_RE = re.compile(r"^(\S{1,512}) at (\S{1,4096}):(\d{1,9})$")
 
 
 def _ranks(text: str) -> Optional[List[int]]:

@@ -49,6 +49,7 @@ import os
 import re
 from typing import List, Optional, Tuple
 
+from hangdoc.bounds import MAX_LINE_NO, MAX_PID, MAX_SEQ, bounded_int
 from hangdoc.model import Frame, Process, Thread
 from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
@@ -62,7 +63,8 @@ _FROM_RE = re.compile(r"^(.*) from (\S+)$")
 # py-bt (CPython's Tools/gdb/libpython.py): frame lines are indented by two spaces, a frame's
 # source line under it by four
 _PY_HEADER = "Traceback (most recent call first):"
-_PY_FILE_RE = re.compile(r'^  File "(.*)", line (\d+), in (.+?)\s*$')
+# "(.+?)\s*$" would be quadratic on a line with a long run of spaces: the name is stripped instead
+_PY_FILE_RE = re.compile(r'^  File "(.*)", line (\d+), in (.+)$')
 _PY_BUILTIN_RE = re.compile(r"^  <built-in (?:method|function) ([^\s>]+)")
 # what py-bt and gdb's Python print for what they cannot show: no frame of ours
 _PY_NOTES = ("Unable to locate python frame", "Python Exception ", "Error occurred in Python")
@@ -100,7 +102,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
     file, line = "", None
     am = _AT_RE.match(rest)
     if am:
-        rest, file, line = am.group(1), am.group(2), int(am.group(3))
+        rest, file, line = am.group(1), am.group(2), bounded_int(am.group(3), 0, MAX_LINE_NO)
     else:
         fm = _FROM_RE.match(rest)
         if fm:
@@ -112,7 +114,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
 def _parse_py_line(text: str) -> Optional[Frame]:
     m = _PY_FILE_RE.match(text)
     if m:
-        return make_frame(m.group(3), m.group(1), int(m.group(2)))
+        return make_frame(m.group(3).rstrip() or m.group(3), m.group(1), bounded_int(m.group(2), 0, MAX_LINE_NO))
     m = _PY_BUILTIN_RE.match(text)
     if m:
         return make_frame(m.group(1), "", None, native=True)
@@ -151,7 +153,9 @@ class GdbParser(BlockParser):
             if not m:
                 return False
             self._end_thread()
-            number = int(m.group(1))
+            number = bounded_int(m.group(1), 0, MAX_SEQ)
+            if number is None:
+                return False
             if self.last_number is not None and number >= self.last_number:
                 self._end_process(None)  # numbering starts again: another process
             if not self.threads:
@@ -164,7 +168,7 @@ class GdbParser(BlockParser):
         if line.startswith("[Inferior "):
             m = _INFERIOR_RE.match(line)
             self._end_thread()
-            self._end_process(int(m.group(1)) if m else None)
+            self._end_process(bounded_int(m.group(1), 0, MAX_PID) if m else None)
             return True
         if not line.strip():
             self._end_thread()
@@ -195,7 +199,7 @@ class GdbParser(BlockParser):
             return
         if pid is None:
             main = next((t for t in self.threads if t.is_main), None)
-            pid = int(main.ident) if main is not None and main.ident.isdigit() else None
+            pid = bounded_int(main.ident, 0, MAX_PID) if main is not None else None
         p = Process(pid=pid, format=FORMAT, source_line=self.process_start, threads=self.threads)
         self.processes.append(p)
         self.threads = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from hangdoc.bounds import MAX_IDENT, MAX_PID, MAX_RANK, MAX_RANKS, bounded_int
 from hangdoc.model import (
     Frame,
     ROLE_LAUNCHER,
@@ -86,11 +87,14 @@ def apply_tags(emitted: List[Tuple[Any, Process]], tags: List[Tuple[Any, int, Di
             _apply_tag(procs[i], fields)
 
 
-def _int(v: Optional[str]) -> Optional[int]:
-    try:
-        return int(v) if v is not None else None
-    except ValueError:
-        return None
+#: the bounds of a tag line's numbers: one out of them is left out (never a huge world to enumerate)
+_TAG_BOUNDS = {"pid": (0, MAX_PID), "ppid": (0, MAX_PID), "rank": (0, MAX_RANK), "local_rank": (0, MAX_RANK),
+               "parent_rank": (0, MAX_RANK), "world_size": (1, MAX_RANKS)}
+
+
+def _int(v: Optional[str], name: str = "rank") -> Optional[int]:
+    lo, hi = _TAG_BOUNDS[name]
+    return bounded_int(v, lo, hi)
 
 
 _STATUSES = {STATUS_OK, STATUS_TRUNCATED, "unresponsive", "stopped"}  # what a tag line may set
@@ -102,12 +106,12 @@ def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
     p.meta["tagged"] = True
     p.host = fields.get("host") or p.host
     for name in ("pid", "rank", "local_rank", "ppid", "parent_rank"):
-        v = _int(fields.get(name))
+        v = _int(fields.get(name), name)
         if v is not None:
             setattr(p, name, v)
     if "rank" in fields and _int(fields["rank"]) is not None:
         p.meta["rank_from"] = "tag"
-    ws = _int(fields.get("world_size"))
+    ws = _int(fields.get("world_size"), "world_size")
     if ws is not None:
         p.meta["world_size"] = ws
     if fields.get("role"):
@@ -123,11 +127,9 @@ def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
     main = fields.get("main_thread")
     if main and p.threads:
         # the watchdog names the main thread: faulthandler output does not say which it is
-        try:
-            want = int(main, 16)
-            hit = [t for t in p.threads if t.ident.startswith("0x") and int(t.ident, 16) == want]
-        except ValueError:
-            hit = []
+        want = bounded_int(main, 0, MAX_IDENT, base=16)
+        hit = [t for t in p.threads if want is not None and t.ident.startswith("0x")
+               and bounded_int(t.ident, 0, MAX_IDENT, base=16) == want]
         if hit:
             for t in p.threads:
                 t.is_main = t is hit[0]
@@ -193,8 +195,9 @@ def _rank_from_locals(frames: Tuple[Frame, ...]) -> Optional[int]:
             continue
         for name in _RANK_LOCALS:
             v = f.local(name)
-            if v is not None and v.isdigit():
-                return int(v)
+            r = bounded_int(v, 0, MAX_RANK) if v is not None else None
+            if r is not None:
+                return r
     return None
 
 

@@ -13,6 +13,7 @@ import json
 import os
 from typing import Dict, List, Optional, Set, Tuple
 
+from hangdoc.bounds import MAX_RANK, bounded_int
 from hangdoc.model import (
     Frame,
     ROLE_LAUNCHER,
@@ -26,6 +27,7 @@ from hangdoc.model import (
 )
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers.events import join_events
+from hangdoc.safeio import open_input, read_bounded
 
 __all__ = ["finish_job", "load_rank_map", "normalize_rank_map"]
 
@@ -40,8 +42,8 @@ def _optional(module: str):
 def load_rank_map(path: str) -> Dict[str, int]:
     """A rank map file: JSON ``{"host:pid": rank}`` or ``{"pid": rank}``; values may also be
     objects with a ``"rank"`` key (``truth.json`` of the captured fixtures). Raises ValueError."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    with open_input(path) as f:  # a regular file only: a FIFO would block
+        data = json.loads(read_bounded(f, 256 << 20, "rank map").decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a rank map is a JSON object {{\"host:pid\": rank}}")
     return normalize_rank_map(data)
@@ -53,7 +55,7 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
     >>> normalize_rank_map({"n1:42": "3", 43: {"rank": 4}})
     {'n1:42': 3, '43': 4}
     """
-    if all(type(v) is int and v >= 0 for v in data.values()) and all(type(k) is str for k in data):
+    if all(type(v) is int and 0 <= v <= MAX_RANK for v in data.values()) and all(type(k) is str for k in data):
         return data  # type: ignore[return-value]  # already normal (load_rank_map's output): no copy
     out: Dict[str, int] = {}
     for k, v in data.items():
@@ -61,9 +63,11 @@ def normalize_rank_map(data: Dict[str, object]) -> Dict[str, int]:
             v = v.get("rank")
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().isdigit():
-            raise ValueError(f"rank map: rank of {k!r} is not a non-negative integer: {v!r}")
-        out[str(k)] = int(v)
+        r = bounded_int(v, 0, MAX_RANK)
+        if r is None:
+            shown = "an integer out of range" if isinstance(v, int) else repr(str(v)[:40])
+            raise ValueError(f"rank map: rank of {str(k)[:80]!r} is not a non-negative integer up to {MAX_RANK}: {shown}")
+        out[str(k)] = r
     return out
 
 

@@ -47,11 +47,11 @@ MAX_RANK = 1 << 22
 _ANSI_RE = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 # torch "[rank3]:", torchrun --tee "[default3]:" / "[trainer3]:", "[3]:"
-_BRACKET_RANK_RE = re.compile(r"\[([A-Za-z_][A-Za-z0-9_\-]{0,63}?)?(\d{1,9})\]:")
+_BRACKET_RANK_RE = re.compile(r"\[([A-Za-z_][A-Za-z_\-]{0,63})?(\d+)\]:")
 # torchrun's template "[vm:0]:" and hangdoc's own "[node7:3] "
-_HOST_RANK_RE = re.compile(r"\[([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}):(\d{1,9})\](:| )")
+_HOST_RANK_RE = re.compile(r"\[([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}):(\d+)\](:| )")
 # mpirun --tag-output "[1,0]<stderr>:", horovodrun "[1]<stderr>:"
-_MPI_RE = re.compile(r"\[(?:\d{1,9},)?(\d{1,9})\]<(?:stdout|stderr|stddiag)>: ?")
+_MPI_RE = re.compile(r"\[(?:\d{1,9},)?(\d+)\]<(?:stdout|stderr|stddiag)>: ?")
 # Ray's worker tag "(RayWorkerWrapper pid=14390)", "(pid=123, ip=10.0.0.2)"
 _RAY_RE = re.compile(r"\((?:[A-Za-z_][A-Za-z0-9_.\-]{0,127} )?pid=(\d{1,9})(?:, ip=([0-9A-Fa-f.:]{1,64}))?\) ?")
 # docker compose "trainer-1  | "
@@ -79,7 +79,9 @@ def strip_ansi(text: str) -> str:
 
 
 def _rank(num: str) -> Optional[int]:
-    n = int(num)  # at most 9 digits: every pattern bounds its numbers
+    if len(num) > 9:  # no rank (and no int() of thousands of digits)
+        return None
+    n = int(num)
     return n if n < MAX_RANK else None
 
 

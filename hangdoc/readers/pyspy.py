@@ -38,8 +38,9 @@ import json
 import re
 from typing import List, Optional, Tuple
 
+from hangdoc.bounds import MAX_LINE_NO, MAX_PID, bounded, bounded_int
 from hangdoc.model import STATUS_OK, STATUS_STOPPED, STATUS_UNRESPONSIVE, Frame, Process, Thread
-from hangdoc.readers._base import BlockParser, FileContext, make_frame
+from hangdoc.readers._base import DROPPED, MAX_DEPTH, BlockParser, FileContext, dropped_frame, make_frame, report_squeezed
 
 FORMAT = "py-spy"
 FORMAT_JSON = "py-spy-json"
@@ -69,7 +70,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
     file, line = where, None
     colon = where.rfind(":")
     if colon > 0 and where[colon + 1:].isdigit():
-        file, line = where[:colon], int(where[colon + 1:])
+        file, line = where[:colon], bounded_int(where[colon + 1:], 0, MAX_LINE_NO)
     native = not _is_python_file(file)
     if native and _ADDRESS_RE.match(function):
         function = "??"
@@ -153,7 +154,7 @@ class PySpyParser(BlockParser):
                 self._finish()
                 self._start(lineno, False)
             self._seen_header = True
-            self.process.pid = int(m.group(1))
+            self.process.pid = bounded_int(m.group(1), 0, MAX_PID)
             self.process.command = self.ctx.interner.string(m.group(2).strip())
             return True
         if line.startswith("Python v") and self._seen_header and not self.threads:
@@ -164,7 +165,7 @@ class PySpyParser(BlockParser):
         if line.startswith("Parent Process "):
             m = _PARENT_RE.match(line)
             if m and self._seen_header and not self.threads:
-                self.process.ppid = int(m.group(1))
+                self.process.ppid = bounded_int(m.group(1), 0, MAX_PID)
                 return True
             return False
         if line.startswith("-" * 20) and not line.strip("-"):
@@ -191,6 +192,8 @@ class PySpyParser(BlockParser):
         ident, name, state = self._thread
         raw = self._raw
         self._thread, self._raw, self.sink = None, [], None
+        if len(raw) >= 128:
+            report_squeezed(self.ctx, raw, self._thread_line)
         interner = self.ctx.interner
         frames = interner.stack((FORMAT,) + tuple(raw), lambda: self._build(raw))
         is_main = name == "MainThread"
@@ -202,6 +205,12 @@ class PySpyParser(BlockParser):
         pending: List[Tuple[str, str]] = []
         section = None
         for text in raw:
+            if text[:1] == DROPPED:
+                if pending and frames:
+                    frames[-1] = _with_locals(frames[-1], pending)
+                pending, section = [], None
+                frames.append(dropped_frame(int(text[1:])))
+                continue
             if text.startswith("        "):
                 body = text.strip()
                 if text.startswith("            ") and frames and section is not None:
@@ -260,7 +269,7 @@ class PySpyParser(BlockParser):
                 # --json prints no "Process N:" header; the error may still name the pid
                 m = _ERROR_PID_RE.search(p.meta["error"])
                 if m:
-                    p.pid = int(next(g for g in m.groups() if g))
+                    p.pid = bounded_int(next(g for g in m.groups() if g), 0, MAX_PID)
         elif not self.threads:
             if not self._seen_header:
                 return
@@ -269,7 +278,7 @@ class PySpyParser(BlockParser):
         if p.pid is None and self.threads:
             main = p.main_thread
             if main is not None and main.ident.isdigit():
-                p.pid = int(main.ident)  # py-spy's thread id is the OS one; the main thread's is the pid
+                p.pid = bounded_int(main.ident, 0, MAX_PID)  # py-spy's thread id is the OS one; the main thread's is the pid
         if p.status == STATUS_OK and self.threads and not any(t.is_main for t in self.threads):
             for t in self.threads:
                 if p.pid is not None and t.ident == str(p.pid):
@@ -311,6 +320,8 @@ def _with_locals(frame: Frame, pairs: List[Tuple[str, str]]) -> Frame:
 
 #: a py-spy JSON dump longer than this many lines is not one (a runaway block would eat memory).
 MAX_JSON_LINES = 500_000
+#: and at most this many characters
+MAX_JSON_BYTES = 64 << 20
 
 
 def starts_json(line: str) -> bool:
@@ -327,6 +338,7 @@ class PySpyJsonParser(BlockParser):
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         super().__init__(ctx, lineno)
         self.buf: List[str] = []
+        self.size = 0
         self.done = False
         self.processes: List[Process] = []
 
@@ -334,7 +346,12 @@ class PySpyJsonParser(BlockParser):
         if self.done:
             return False
         self.buf.append(line)
-        if line.rstrip() == "]" or (len(self.buf) == 1 and line.rstrip().endswith(("]", "}"))):
+        self.size += len(line) + 1
+        if self.size > MAX_JSON_BYTES:
+            self.ctx.error(self.start, f"py-spy JSON dump larger than {MAX_JSON_BYTES >> 20} MiB; skipped")
+            self.buf = []
+            self.done = True
+        elif line.rstrip() == "]" or (len(self.buf) == 1 and line.rstrip().endswith(("]", "}"))):
             self._parse(lineno)
             self.done = True
         elif len(self.buf) > MAX_JSON_LINES:
@@ -348,6 +365,9 @@ class PySpyJsonParser(BlockParser):
         self.buf = []
         try:
             data = json.loads(text)
+        except RecursionError:
+            self.ctx.error(self.start, "bad py-spy JSON: nested too deeply")
+            return
         except ValueError as e:
             self.ctx.error(self.start, f"bad py-spy JSON: {e}")
             return
@@ -360,15 +380,28 @@ class PySpyJsonParser(BlockParser):
             if not isinstance(t, dict):
                 self.ctx.error(self.start, "bad py-spy JSON: a thread is not an object")
                 continue
-            if p.pid is None and isinstance(t.get("pid"), int):
-                p.pid = t["pid"]
+            if p.pid is None:
+                p.pid = bounded(t.get("pid"), 0, MAX_PID)
             frames: List[Frame] = []
-            for fr in t.get("frames") or ():
+            tframes = t.get("frames") or ()
+            if not isinstance(tframes, list):
+                tframes = ()
+            cut = 0
+            if len(tframes) > MAX_DEPTH:
+                keep = MAX_DEPTH // 2
+                cut = len(tframes) - 2 * keep
+                self.ctx.error(self.start, f"stack deeper than {MAX_DEPTH} frames: {cut} frames in its middle not read "
+                                           f"(kept the outermost and innermost {keep})")
+                tframes = tframes[:keep] + [None] + tframes[-keep:]
+            for fr in tframes:
+                if fr is None and cut:
+                    frames.append(dropped_frame(cut))
+                    continue
                 if not isinstance(fr, dict):
                     continue
                 name = str(fr.get("name") or "??")
                 file = str(fr.get("filename") or fr.get("short_filename") or "")
-                line_no = fr.get("line") if isinstance(fr.get("line"), int) else None
+                line_no = bounded(fr.get("line"), 0, MAX_LINE_NO)
                 native = bool(file) and not _is_python_file(file)
                 if native and _ADDRESS_RE.match(name):
                     name = "??"
@@ -386,7 +419,7 @@ class PySpyJsonParser(BlockParser):
             active, gil = t.get("active"), t.get("owns_gil")
             state = None if active is None else ("idle" if not active else ("active+gil" if gil else "active"))
             ident = t.get("os_thread_id") or t.get("thread_id") or ""
-            name = t.get("thread_name")
+            name = t.get("thread_name") if isinstance(t.get("thread_name"), str) else None
             p.threads.append(Thread(ident=str(ident), name=name, frames=fr_t, state=state, is_main=name == "MainThread"))
         self.processes.append(p)
 

@@ -33,6 +33,7 @@ import os
 import re
 from typing import List, Optional, Tuple
 
+from hangdoc.bounds import MAX_LINE_NO, MAX_PID, bounded_int
 from hangdoc.model import Frame, Process, Thread
 from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
@@ -54,7 +55,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
         return None
     kind, file, line, function = m.groups()
     if kind == "Python":
-        return make_frame(function, file, int(line) if line.lstrip("-").isdigit() else None)
+        return make_frame(function, file, bounded_int(line, 0, MAX_LINE_NO))
     lib = ""
     lm = _LIB_RE.match(function)
     if lm:
@@ -117,7 +118,7 @@ class PystackParser(BlockParser):
         t = Thread(ident=tid, name=name or None, frames=frames, state=state or None, is_main=main)
         self.threads.append(t)
         if main:
-            self._end_process(int(tid))
+            self._end_process(bounded_int(tid, 0, MAX_PID))
 
     def _end_process(self, pid: Optional[int]) -> None:
         if not self.threads:

@@ -16,13 +16,13 @@ being decoded: a gigabyte of training log with a few watchdog lines in it reads 
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from hangdoc.model import ROLE_LAUNCHER, ROLE_WORKER, STATUS_OK, STATUS_TRUNCATED, LogEvent, Process, Source, Thread
 from hangdoc.readers import c10_backtrace as _c10
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers import registry
-from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks
+from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks, squeeze
 from hangdoc.readers.identity import (
     apply_exit_events,
     apply_tags,
@@ -32,6 +32,7 @@ from hangdoc.readers.identity import (
     tie_workers_by_order,
 )
 from hangdoc.readers.prefix import NO_IDENTITY, Identity, Peeler
+from hangdoc.safeio import open_input
 from hangdoc.tags import PREFIX as _TAG_PREFIX
 from hangdoc.tags import parse_exited, parse_tag
 
@@ -123,6 +124,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     # parser's sink; msink/mindent mirror main.parser's and are refreshed after any other line.
     msink: Optional[List[str]] = None
     mindent = "\x00"
+    touched: Set[_Channel] = set()  # channels with lines in the current chunk
     peeler.learn(_head_lines(path, fileobj))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         lineno = first - 1
@@ -145,6 +147,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                 ch = channels.get(ident)
                 if ch is None:
                     ch = channels[ident] = _Channel(ident)
+                touched.add(ch)
             if readers and (kw(text) is not None or any(r.active for r in readers)):
                 for r in readers:
                     try:
@@ -158,6 +161,9 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
             else:
                 msink = None
         last = lineno
+        touched.add(main)
+        _squeeze_sinks(touched)
+        touched.clear()
     for ch in list(channels.values()):
         close(ch)
     if orphans and not emitted and not any(r.events for r in readers):
@@ -215,6 +221,15 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     return procs, events
 
 
+def _squeeze_sinks(channels: Iterable[_Channel]) -> None:
+    """Keep a runaway stack's raw lines bounded while it is read (its middle goes, see _base.squeeze):
+    called once a chunk with the channels that had lines in it."""
+    for ch in channels:
+        sink = ch.parser.sink if ch.parser is not None else None
+        if sink is not None and len(sink) >= 128:
+            squeeze(sink)
+
+
 #: bytes of a file's head its prefixes are learnt from
 LEARN_BYTES = 1 << 16
 
@@ -227,7 +242,7 @@ def _head_lines(path: str, fileobj=None) -> List[str]:
             data = fileobj.read(LEARN_BYTES)
             fileobj.seek(pos)
         else:
-            with open(path, "rb") as f:
+            with open_input(path) as f:
                 data = f.read(LEARN_BYTES)
     except (OSError, ValueError):
         return []

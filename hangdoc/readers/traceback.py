@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional
 
+from hangdoc.bounds import MAX_LINE_NO, bounded_int
 from hangdoc.model import Frame, Process, Thread
 from hangdoc.readers._base import BlockParser, FileContext, make_frame
 
@@ -56,7 +57,7 @@ def parse_frame_line(text: str) -> Optional[Frame]:
     m = _FRAME_RE.match(text)
     if not m:
         return None
-    return make_frame(m.group(3), m.group(1), int(m.group(2)))
+    return make_frame(m.group(3), m.group(1), bounded_int(m.group(2), 0, MAX_LINE_NO))
 
 
 class TracebackParser(BlockParser):

@@ -18,6 +18,7 @@ from hangdoc.model import STATUS_OK, Report
 from hangdoc.ranges import compress_ranks
 from hangdoc.renderers.text import (DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, describe_culprits, evidence_shown, plural, printable,
                                     roles, tree_lines)
+from hangdoc.textsafe import visible
 
 
 def render(report: Report, options) -> str:
@@ -89,7 +90,8 @@ def _md(s: str) -> str:
 
 
 def _one_line(s: str) -> str:
-    return printable(s).replace("\n", "\\n")
+    # visible: the newline as \n, and bidi overrides shown (U+202E would reorder the line)
+    return visible(printable(s))
 
 
 def _code(s: str) -> str:

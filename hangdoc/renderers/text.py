@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from hangdoc.model import ROLE_RANK, ROLE_UNKNOWN, STATUS_OK, Finding, Frame, Group, Process, Report, TreeNode
 from hangdoc.ranges import compress_hosts, compress_ranks
+from hangdoc.textsafe import visible
 
 #: groups (and tree branches) shown when ``options.max_groups`` is None.
 DEFAULT_MAX_GROUPS = 20
@@ -34,7 +35,10 @@ MAX_SET_CHARS = 72
 
 
 def render(report: Report, options) -> str:
-    text = printable("\n".join(TextReport(report, options).lines()))
+    # Each element of lines() is one line: a newline inside one came from the input (a call site,
+    # a frame name) and would print a line that looks like hangdoc's own (a forged headline), so
+    # it is shown as \n, with the other control characters and the bidi overrides (textsafe.visible).
+    text = "\n".join(printable(visible(line)) for line in TextReport(report, options).lines())
     if options.color:
         text = _MARK_RE.sub(lambda m: _CODES[ord(m.group(0)) - _MARK0], text)
     return text + "\n"
