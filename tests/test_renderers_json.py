@@ -14,7 +14,7 @@ from hangdoc.renderers import RenderOptions, render
 from test_grouping import jobs, proc, BCAST_A
 from test_renderers_text import bloom_report
 
-TOP_KEYS = {"version", "granularity", "processes", "world_size", "sources", "groups", "tree", "findings", "missing_ranks", "thread_groups"}
+TOP_KEYS = {"version", "granularity", "processes", "world_size", "sources", "groups", "tree", "findings", "missing_ranks", "thread_groups", "events"}
 GROUP_KEYS = {"id", "count", "ranks", "hosts", "status", "roles", "summary", "members", "stack"}
 
 
@@ -24,7 +24,8 @@ def test_schema_of_the_bloom_report():
     doc = json.loads(render(report, "json", RenderOptions()))
     assert set(doc) == TOP_KEYS
     assert doc["version"] == 1 and doc["processes"] == 8 and doc["world_size"] == 8
-    assert doc["sources"] == [{"path": "trace-node1.out", "processes": 8, "records": 0, "formats": ["py-spy"], "errors": ["trace-node1.out:12: truncated block"]}]
+    assert doc["sources"] == [{"path": "trace-node1.out", "processes": 8, "records": 0, "events": 0, "truncated": False,
+                               "formats": ["py-spy"], "errors": ["trace-node1.out:12: truncated block"]}]
     g1 = doc["groups"][0]
     assert set(g1) == GROUP_KEYS
     assert (g1["id"], g1["count"], g1["ranks"], g1["hosts"], g1["status"], g1["roles"]) == (1, 4, "0-3", "node1", "ok", ["rank"])
