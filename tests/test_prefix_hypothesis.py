@@ -68,6 +68,8 @@ FAMILIES = {
     "kubectl": lambda r, i: "[pod/trainer-worker-0/pytorch] ",
     "compose": lambda r, i: "trainer-1  | ",
     "ray": lambda r, i: "(RayWorkerWrapper pid=14390) ",
+    "glog-py": lambda r, i: f"E0207 07:54:{i % 60:02d}.862000 4712 torch/distributed/run.py:939] ",
+    "logger": lambda r, i: f"ERROR 01-29 20:00:{i % 60:02d} multiproc_worker_utils.py:240] ",
     "torch-rank": lambda r, i: None if r is None else f"[rank{r}]: ",
     "tee": lambda r, i: None if r is None else f"[default{r}]:",
     "mpirun": lambda r, i: None if r is None else f"[1,{r}]<stderr>:",

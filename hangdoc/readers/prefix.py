@@ -4,7 +4,8 @@ A console log rarely holds a program's lines as printed. torchrun ``--tee`` writ
 torch itself ``[rank3]: ``, hangdoc ``[node7:3] ``, torchrun's ``--log-line-prefix-template``
 ``[vm:0]:``, ``srun --label`` ``12: ``, pdsh/clush and DeepSpeed's runner ``node7: ``/``worker-3: ``,
 mpirun ``--tag-output`` ``[1,0]<stderr>:``, ``kubectl logs --prefix`` ``[pod/trainer-0/main] ``;
-and around any of them a timestamp, a ``[12345] `` pid, a ``> `` of a quoted paste, ANSI colour
+and around any of them a timestamp, a logger's own head (``E0207 07:54:31.862000 4712 run.py:939] ``,
+``ERROR 01-29 20:00:47 utils.py:240] ``), a ``[12345] `` pid, a ``> `` of a quoted paste, ANSI colour
 codes, or a progress bar that ended in ``\\r`` without a newline. They stack
 (``node7: [default1]:[rank1]: Traceback ...``).
 
@@ -68,6 +69,11 @@ _TIME_RE = re.compile(
 _PID_RE = re.compile(r"\[\d{1,9}\] ")
 # "> " of a quoted paste (">> " for a quote in a quote)
 _QUOTE_RE = re.compile(r">{1,4} ?")
+# Python's logging in torch's glog style: "E0207 07:54:31.862000 4712 torch/distributed/run.py:939] "
+_GLOG_PY_RE = re.compile(r"[EWIFD]\d{4} \d{2}:\d{2}:\d{2}(?:\.\d{1,9})? {1,8}\d{1,9} [^\s\]]{1,512}:\d{1,9}\] ?")
+# vLLM's and similar loggers: "ERROR 01-29 20:00:47 multiproc_worker_utils.py:240] "
+_LEVEL_RE = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{1,9})? "
+                       r"[^\s\]]{1,512}:\d{1,9}\] ?")
 # a candidate learnt label: "12: ", "node7: ", "worker-3: ", "gpu-node-12.cluster: "
 _LABEL_RE = re.compile(r" {0,8}([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}(?::\d{1,6})?): ")
 _TRAILING_DIGITS_RE = re.compile(r"\d{1,9}$")
@@ -220,6 +226,16 @@ class Peeler:
                 break
             if c == "E" and line.startswith("ESC["):
                 m = _COLOUR_RE.match(line)
+                if m:
+                    line = line[m.end():]
+                    continue
+            if c in "EWIFD" and line[1:2].isdigit():
+                m = _GLOG_PY_RE.match(line)
+                if m:
+                    line = line[m.end():]
+                    continue
+            if c in "DIWEC" and line[1:2].isupper():
+                m = _LEVEL_RE.match(line)
                 if m:
                     line = line[m.end():]
                     continue
