@@ -231,8 +231,9 @@ def _mtime(path: str) -> float:
 def _one_job(job: Job) -> None:
     """Dumps of two runs in one directory (yesterday's hang left beside today's) have two live
     processes for a rank. They are told apart by the launcher that started them (the ``ppid`` of the
-    tag lines, per host) or else by the files' times; the newest run is kept, with its records, and
-    the evidence says so (one line on stderr) instead of merging two runs into one verdict."""
+    tag lines, per host) or else by the files' times; the newest run (by its last recorded call,
+    then its files' times) is kept, with its records, and the evidence says so (one line on
+    stderr) instead of merging two runs into one verdict."""
     ranked = [p for p in job.processes if p.rank is not None and p.pid is not None
               and p.role not in (ROLE_WORKER, ROLE_LAUNCHER) and p.format != "log"]
     per_rank: Dict[int, Set[Tuple[Optional[str], int]]] = {}
@@ -250,7 +251,15 @@ def _one_job(job: Job) -> None:
         runs.setdefault(key[id(p)], []).append(p)
     if len(runs) < 2 or any(len({p.rank for p in ps}) != len(ps) for ps in runs.values()):
         return  # the keys do not separate the runs: leave the evidence as it is
-    newest = max(runs, key=lambda k: (max(_mtime(p.source) for p in runs[k]), len(runs[k])))
+    # newest: by the time of its last recorded call (files copied without -p all share one mtime),
+    # then by its files' times
+    last_call: Dict[Tuple[Optional[str], Optional[int]], float] = {}
+    for r in job.records:
+        t = r.time_completed or r.time_issued
+        if isinstance(t, (int, float)) and t > last_call.get((r.host, r.pid), float("-inf")):
+            last_call[(r.host, r.pid)] = float(t)
+    newest = max(runs, key=lambda k: (max((last_call.get((p.host, p.pid), float("-inf")) for p in runs[k])),
+                                      max(_mtime(p.source) for p in runs[k]), len(runs[k])))
     gone = {(p.host, p.pid) for k, ps in runs.items() if k != newest for p in ps}
     keep = runs[newest]
     job.processes[:] = [p for p in job.processes if (p.host, p.pid) not in gone
