@@ -92,8 +92,9 @@ def prefixed(lines, families):
             p = make(r, i)
             if p is None:
                 p = FAMILIES[FALLBACK[fam]](r, i)
-            if p.endswith("\r") and not line:
-                p = ""  # "...\r" before an empty line would be a CRLF line end, not a redraw
+            if p.endswith("\r") and not lines[i]:
+                # "...\r" before a line that was empty (colour codes aside) reads as a CRLF line end
+                p = ""
             new.append(p + line)
         out = new
     return out
