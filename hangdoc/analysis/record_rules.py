@@ -171,7 +171,14 @@ def findings(report: Report) -> List[Finding]:
             confidence=CONFIDENCE_TIE if d.ambiguous else CONFIDENCE_HISTORY if d.basis == "history" else CONFIDENCE_EXACT,
         ))
 
+    wrong = _wrong_peers(records)
+    for f in wrong:
+        f.evidence += pending_ev
+    out.extend(wrong)
+    explained = {c.rank for f in wrong for c in f.culprits}
     for c in sequence.cycles(records):
+        if explained and {n[0] for n in c.nodes} & explained:
+            continue  # a cycle through a rank that receives from the wrong peer is its consequence
         ranks = [n[0] for n in c.nodes]
         p2p = all(r.op in sequence.P2P_OPS for r in c.records)
         streams = {n[1] for n in c.nodes}
@@ -218,6 +225,42 @@ def findings(report: Report) -> List[Finding]:
     out.extend(_missing_ranks(report, records))
     if not out:
         out.extend(_all_waiting(report, records))
+    return out
+
+
+CONFIDENCE_WRONG_PEER = 0.94
+
+
+def _wrong_peers(records: List[CollectiveRecord]) -> List[Finding]:
+    """A rank blocked receiving from a peer that sends it nothing, while another rank is blocked
+    sending to it: its receive names the wrong peer (the sender is the one it should name)."""
+    pending: Dict[int, CollectiveRecord] = {}
+    for r in records:
+        if r.state in ("issued", "scheduled", "started") and (r.rank not in pending or r.seq > pending[r.rank].seq):
+            pending[r.rank] = r
+    p2p = {k: v for k, v in pending.items() if v.op in sequence.P2P_OPS and v.peer is not None}
+    out: List[Finding] = []
+    for rank, x in sorted(p2p.items()):
+        if "recv" not in x.op:
+            continue
+        peer = x.peer
+        peer_sends_here = any("send" in y.op and y.peer == rank for q, y in p2p.items() if q == peer)
+        senders = sorted(q for q, y in p2p.items() if "send" in y.op and y.peer == rank and q != peer)
+        if peer_sends_here or not senders:
+            continue
+        s0 = p2p[senders[0]]
+        out.append(Finding(
+            kind="p2p-stall",
+            summary=(f"rank {rank} receives from rank {peer} ({sequence.site(x)}), which sends it nothing, while "
+                     f"{describe_ranks(senders)} {'is' if len(senders) == 1 else 'are'} sending to it: rank {rank}'s "
+                     f"peer is wrong (rank {senders[0]}, not {peer})"),
+            culprits=[Culprit(host=x.host, pid=x.pid, rank=rank)],
+            evidence=[f"rank {rank} waits in {x.op} (peer={peer}) at {sequence.site(x)}",
+                      f"rank {senders[0]} waits in {s0.op} (peer={rank}) at {sequence.site(s0)}",
+                      f"rank {peer} is {'in ' + p2p[peer].op + ' (peer=' + str(p2p[peer].peer) + ')' if peer in p2p else 'not sending to it'}"],
+            advice=[f"Check how rank {rank} computes its source at {sequence.site(x)}: the pipeline's sender to it "
+                    f"is rank {senders[0]}."],
+            confidence=CONFIDENCE_WRONG_PEER))
     return out
 
 
