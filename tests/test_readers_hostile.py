@@ -229,6 +229,8 @@ def test_flight_recorder_pickles_cannot_run_code_or_explode(tmp_path):
         "nccl_trace_rank_1": b"\x80\x04}\x94r\xff\xff\xff\x3f.",
         "nccl_trace_rank_2": pickle.dumps({"entries": [{"input_sizes": [shared] * 5000}] * 5000}, protocol=4),
         "nccl_trace_rank_3": pickle.dumps({"entries": loop}, protocol=2),
+        # found by the fuzz run: 1 MB of MARKs made a million lists (64 MB traced, 215 MB RSS)
+        "nccl_trace_rank_4": b"\x80\x04" + b"(" * 1_000_000 + b".",
     }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
@@ -236,15 +238,18 @@ def test_flight_recorder_pickles_cannot_run_code_or_explode(tmp_path):
         import glob, time
         t = time.process_time()
         job = read_paths(sorted(glob.glob({str(tmp_path / 'nccl_trace_rank_*')!r})))
-        out = {{"errors": [e.message for e in job.errors], "s": time.process_time() - t}}
+        import resource
+        out = {{"errors": [e.message for e in job.errors], "s": time.process_time() - t,
+               "mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}
     """)
     assert not marker.exists()
     assert out["errors"] == [
         "not a readable Flight Recorder pickle: UnpicklingError: refusing to load posix.system",
         "not a Flight Recorder dump: more than 10000000 values (shared references expanded)",
         "not a Flight Recorder dump: a container that contains itself",
+        "not a readable Flight Recorder pickle: UnpicklingError: more than 1000 nested MARKs",
     ]
-    assert out["s"] < 5
+    assert out["s"] < 5 and out["mb"] < 100, out
 
 
 # --- 5. colour codes and NUL holes ------------------------------------------------------------

@@ -104,6 +104,8 @@ class Interner:
         self.frames: Dict[object, Optional[Frame]] = {}
         self.stacks: Dict[Tuple[object, ...], Tuple[Frame, ...]] = {}
         self.strings: Dict[str, str] = {}
+        #: a tag line's text → its fields (shared, never changed)
+        self.tags: Dict[str, Dict[str, str]] = {}
         #: (id of a stack, command) → what it says (rank local, role, the stack itself, kept alive
         #: so that its id is not reused)
         self.facts: Dict[Tuple[int, str], Tuple[object, ...]] = {}

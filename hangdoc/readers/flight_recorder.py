@@ -85,8 +85,28 @@ MAX_DUMP = 256 << 20
 MAX_NODES = 10_000_000
 
 
+#: MARKs open at once at most (a dump nests a few deep; 1 MB of "(" made a million lists, 64 MB)
+MAX_MARKS = 1000
+#: pickle operations at most (each makes at most one small object: this bounds the memory a
+#: pickle can ask for, whatever its size; a 20,000-entry dump takes a few million)
+MAX_PICKLE_OPS = 16_000_000
+
+
 class _NoGlobals(pickle._Unpickler):  # type: ignore[name-defined,misc]  # the pure-Python one: see above
-    """Containers and scalars only: a dump naming any class or function is refused."""
+    """Containers and scalars only: a dump naming any class or function is refused; MARKs nest at
+    most :data:`MAX_MARKS` deep and at most :data:`MAX_PICKLE_OPS` operations run."""
+
+    def load_mark(self) -> None:
+        if len(self.metastack) >= MAX_MARKS:
+            raise pickle.UnpicklingError(f"more than {MAX_MARKS} nested MARKs")
+        pickle._Unpickler.load_mark(self)  # type: ignore[attr-defined]
+
+    ops = 0
+
+    def _count(self) -> None:
+        self.ops += 1
+        if self.ops > MAX_PICKLE_OPS:
+            raise pickle.UnpicklingError(f"more than {MAX_PICKLE_OPS} pickle operations")
 
     def find_class(self, module: str, name: str) -> Any:  # noqa: D401
         if module == "builtins" and name in ("set", "frozenset", "dict", "list", "tuple"):
@@ -98,6 +118,21 @@ class _NoGlobals(pickle._Unpickler):  # type: ignore[name-defined,misc]  # the p
 
             return collections.OrderedDict
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _counted(load: Any) -> Any:
+    def counted(self: _NoGlobals) -> None:
+        self._count()
+        load(self)
+    return counted
+
+
+_NoGlobals.dispatch = {k: _counted(f) for k, f in pickle._Unpickler.dispatch.items()}  # type: ignore[attr-defined]
+_NoGlobals.dispatch[pickle.MARK[0]] = _counted(_NoGlobals.load_mark)
+
+
+def _load_pickle(data: bytes) -> Any:
+    return _NoGlobals(io.BytesIO(data)).load()
 
 
 def _is_pickle(head: bytes) -> bool:
@@ -166,7 +201,7 @@ def loads(data: bytes) -> Dict[str, Any]:
     """:func:`load` of bytes (what ``torch._C._distributed_c10d._dump_nccl_trace()`` returns)."""
     if _is_pickle(data[:4]):
         try:
-            obj = _NoGlobals(io.BytesIO(data)).load()
+            obj = _load_pickle(data)
         except Exception as e:  # any corrupt or hostile pickle
             raise ValueError(f"not a readable Flight Recorder pickle: {type(e).__name__}: {str(e)[:200]}") from None
     else:

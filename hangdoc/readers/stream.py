@@ -284,7 +284,14 @@ def _dispatch(ctx: FileContext, ch: _Channel, lineno: int, text: str, close: Cal
         close(ch)
     if text[:1] == "#":
         if text.startswith(tag_start):
-            fields = parse_tag(text)
+            # the fields of one tag text are parsed once and shared (read only): 8 MB of a repeated
+            # tag line held 118,000 dicts, 93 MB
+            cache = ctx.interner.tags
+            fields = cache.get(text)
+            if fields is None:
+                fields = parse_tag(text)
+                if fields is not None and len(cache) < 65536:
+                    cache[text] = fields
             if fields is not None:
                 tags.append((ch, lineno, fields))
                 ch.tag_line = lineno
