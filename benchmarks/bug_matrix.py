@@ -22,6 +22,13 @@ whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
   dump on demand: gloo has no dump on timeout); dumped when hung as in the plain run, then
   ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_``. Column ``fr``.
 
+With ``--backend nccl`` (one GPU a rank: ``BUG_BACKEND=nccl``, see ``examples/bugs/_common.py``) the
+plain run is also NCCL's own evidence: its NCCL timeout is ``NCCL_TIMEOUT`` s with
+``TORCH_NCCL_DUMP_ON_TIMEOUT=1``, so the console log gets the watchdog's lines (column ``log``:
+``hangdoc aggregate`` of that log alone) and Flight Recorder dumps itself on the timeout (column
+``fr``: ``fr_trace`` on those dumps); there is no separate Flight Recorder run. A scenario of more
+ranks than GPUs (``--gpus``) is not run.
+
 Each cell is judged by ``benchmarks/matrix_judge.py`` against the scenario's ``TRUTH`` (headline
 finding only). Everything, with every cell's raw verdict, is written under ``--out`` (default
 ``benchmarks/results/<date>-bug-matrix``): ``matrix.json``, ``table.md`` and one directory per
@@ -56,11 +63,20 @@ from hangdoc.proctree import free_port, parent_map  # noqa: E402
 import matrix_judge  # noqa: E402
 
 BUGS = os.path.join(ROOT, "examples", "bugs")
-COLUMNS = ("injob", "aggregate", "detect", "pyspy", "detail", "fr")
+COLUMNS = ("injob", "aggregate", "detect", "pyspy", "log", "detail", "fr")
 #: which run feeds which columns
-COLUMNS_OF_RUN = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",), "detail": ("detail",),
-        "fr": ("fr",)}
+COLUMNS_OF_RUN = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",),
+        "detail": ("detail",), "fr": ("fr",)}
+#: on NCCL the plain run's own timeout makes the Flight Recorder dumps (no wrapper run)
+COLUMNS_OF_RUN_NCCL = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy", "log", "fr"),
+        "detail": ("detail",)}
 HANG_TIMEOUT = 8
+#: the NCCL timeout of the plain run on NCCL: after the py-spy dumps, long enough for none to be early
+NCCL_TIMEOUT = 20
+#: gloo or nccl (``--backend``); every job gets ``BUG_BACKEND``
+BACKEND = "gloo"
+#: never NVLink multicast on a shared GPU host (it can take the host's GPUs out of service)
+NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 #: seconds for a job to reach its hang point (torch import and rendezvous on 2 shared cores)
 START_LIMIT = 120.0
 #: seconds after the hang point before dumps are taken (the last ranks get into their waits)
@@ -115,7 +131,9 @@ class Job:
         self.log, self.started = log, time.monotonic()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.5"] + args
-        full_env = dict(os.environ, **env)
+        full_env = dict(os.environ, BUG_BACKEND=BACKEND, **env)
+        if BACKEND == "nccl":
+            full_env.update(NCCL_SAFE_ENV)
         full_env["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
         full_env.setdefault("OMP_NUM_THREADS", "1")
         full_env["PYTHONUNBUFFERED"] = "1"
@@ -282,12 +300,40 @@ def _json_verdict(path: str, parse: Callable[[Dict[str, Any]], Optional[Dict[str
         return {"crash": f"{os.path.basename(path)}: not JSON: {e}"}
 
 
+def _nccl_fr_env(fr: str) -> Dict[str, str]:
+    """NCCL's own timeout, with Flight Recorder dumping on it into ``fr`` (the names of torch 2.1 to 2.13)."""
+    prefix = os.path.join(fr, "nccl_trace_rank_")
+    return {"HANG_TIMEOUT": str(NCCL_TIMEOUT), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": prefix,
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+
+
+def run_fr_trace(d: str, fr: str, prefix: str, world: int) -> int:
+    """``fr_trace`` on the dumps in ``fr`` into ``d/fr_trace.txt``; the number of dumps."""
+    found = len(glob.glob(os.path.join(fr, prefix + "*")))
+    if not found:
+        return 0
+    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fr, "-p", prefix]
+    if found < world:  # fr_trace refuses a directory without every rank's dump unless told
+        cmd.append("--allow-incomplete-ranks")
+    r = tool(cmd)
+    with open(os.path.join(d, "fr_trace.txt"), "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n" + r["stdout"] + r["stderr"] + f"\n(exit status {r['rc']})\n")
+    return found
+
+
 def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
     dumps = os.path.join(d, "pyspy")
     os.makedirs(dumps, exist_ok=True)
     rank_map = os.path.join(d, "pyspy-rank-map.txt")
     world = s["truth"]["world"]
+    fr = os.path.join(d, "fr")
+    nccl = BACKEND == "nccl"
     for i, env in enumerate(s["runs"]):
+        if nccl:
+            shutil.rmtree(fr, ignore_errors=True)  # fr_trace reads a directory of one job's dumps
+            os.makedirs(fr)
+            env = dict(env, **_nccl_fr_env(fr))
         job = Job([s["path"]], world, env, os.path.join(d, "plain.log"))
         try:
             state = job.wait_hung(world)
@@ -298,11 +344,20 @@ def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
                     f.write(r["stdout"] + r["stderr"])
                 with open(rank_map, "a") as f:
                     f.write(f"{pid} {rank}\n")
+            if nccl and state == "hung":  # NCCL's watchdog: its timeout lines, then the dumps, then the abort
+                alive = len(ranks)
+                job.wait_for(lambda: len(glob.glob(os.path.join(fr, "nccl_trace_rank_*"))) >= alive, NCCL_TIMEOUT + 40)
+                job.wait_for(job.exited, 10)  # the rest of the watchdog's lines
         finally:
             job.stop()
     if os.path.exists(rank_map):
         hangdoc_report(["--rank-map", rank_map, dumps], os.path.join(d, "pyspy-aggregate.json"))
-    return {"state": state}
+    if "log" in columns:
+        hangdoc_report([os.path.join(d, "plain.log")], os.path.join(d, "log-aggregate.json"))
+    got: Dict[str, Any] = {"state": state}
+    if nccl:
+        got["fr_dumps"] = run_fr_trace(d, fr, "nccl_trace_rank_", world)
+    return got
 
 
 def run_detail(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
@@ -337,16 +392,7 @@ def run_fr(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
             job.wait_for(lambda: len(glob.glob(os.path.join(fr, "fr_trace_rank_*"))) >= alive, 20)
         finally:
             job.stop()
-    found = len(glob.glob(os.path.join(fr, "fr_trace_rank_*")))
-    if not found:
-        return {"state": state, "fr_dumps": 0}
-    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fr, "-p", "fr_trace_rank_"]
-    if found < world:  # fr_trace refuses a directory without every rank's dump unless told
-        cmd.append("--allow-incomplete-ranks")
-    r = tool(cmd)
-    with open(os.path.join(d, "fr_trace.txt"), "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n" + r["stdout"] + r["stderr"] + f"\n(exit status {r['rc']})\n")
-    return {"state": state, "fr_dumps": found}
+    return {"state": state, "fr_dumps": run_fr_trace(d, fr, "fr_trace_rank_", world)}
 
 
 def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
@@ -359,6 +405,8 @@ def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
         return report_verdict(os.path.join(d, "aggregate.json"))
     if column == "pyspy":
         return report_verdict(os.path.join(d, "pyspy-aggregate.json"))
+    if column == "log":
+        return report_verdict(os.path.join(d, "log-aggregate.json"))
     if column == "detail":
         path = os.path.join(d, "detail.log")
         if not os.path.exists(path):
@@ -384,7 +432,7 @@ def run_scenario(s: Dict[str, Any], out: str, columns: List[str]) -> Dict[str, A
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     result: Dict[str, Any] = {"truth": s["truth"], "verdicts": {}, "cells": {}, "runs": {}}
-    for run, cols in COLUMNS_OF_RUN.items():
+    for run, cols in (COLUMNS_OF_RUN_NCCL if BACKEND == "nccl" else COLUMNS_OF_RUN).items():
         wanted = [c for c in cols if c in columns]
         if not wanted:
             continue
@@ -431,6 +479,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--only", help="comma-separated scenario names (default: all of examples/bugs)")
     p.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {','.join(COLUMNS)}")
     p.add_argument("--jobs", type=int, default=1, help="scenarios run at once (default 1: 2 shared cores)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="gloo on CPU (default) or NCCL, one GPU a rank (scenarios of more ranks than --gpus are not run)")
+    p.add_argument("--gpus", type=int, default=0, help="with --backend nccl: GPUs on this host (default: torch's count)")
     p.add_argument("--out", help="output directory (default benchmarks/results/<date>-bug-matrix)")
     p.add_argument("--rejudge", metavar="DIR", help="run nothing: judge again the files an earlier run left in DIR "
                    "(after a change to the judge or a TRUTH) and rewrite its table.md and matrix.json")
@@ -442,6 +493,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         p.error(f"unknown column(s) {', '.join(sorted(bad))}")
     chosen = scenarios(args.only.split(",") if args.only else None)
+    global BACKEND
+    BACKEND = args.backend
+    skipped = {}
+    if BACKEND == "nccl":
+        gpus = args.gpus or _gpu_count()
+        skipped = {s["name"]: f"needs {s['truth']['world']} GPUs, {gpus} here" for s in chosen if s["truth"]["world"] > gpus}
+        chosen = [s for s in chosen if s["name"] not in skipped]
     out = os.path.abspath(args.out or os.path.join(HERE, "results", time.strftime("%Y-%m-%d") + "-bug-matrix"))
     os.makedirs(out, exist_ok=True)
     t0 = time.monotonic()
@@ -449,10 +507,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     _stopping.clear()
     before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops every job
     pool = concurrent.futures.ThreadPoolExecutor(max(1, args.jobs))
+    command = " ".join([os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:]))
+
+    def save() -> str:  # after every scenario: a run cut short keeps what it measured
+        done = {name: results[name] for name in sorted(results)}
+        md = table(done, columns)
+        with open(os.path.join(out, "table.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(out, "matrix.json"), "w") as f:
+            json.dump({"command": command, "backend": BACKEND, "wall_seconds": round(time.monotonic() - t0, 1),
+                       "hang_timeout": HANG_TIMEOUT, "columns": columns, "not_run": skipped, "scenarios": done}, f, indent=1)
+        return md
+
     try:
-        futures = {s["name"]: pool.submit(run_scenario, s, out, columns) for s in chosen}
-        for name, fut in futures.items():
-            results[name] = fut.result()
+        futures = {pool.submit(run_scenario, s, out, columns): s["name"] for s in chosen}
+        for fut in concurrent.futures.as_completed(futures):
+            results[futures[fut]] = fut.result()
+            save()
     finally:
         _stopping.set()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -462,22 +533,25 @@ def main(argv: Optional[List[str]] = None) -> int:
             stop_job(proc)
         signal.signal(signal.SIGTERM, before)
     wall = time.monotonic() - t0
-    md = table(results, columns)
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(out, "matrix.json"), "w") as f:
-        json.dump({"command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + (argv if argv is not None else sys.argv[1:])),
-                   "wall_seconds": round(wall, 1), "hang_timeout": HANG_TIMEOUT, "columns": columns,
-                   "scenarios": results}, f, indent=1)
+    md = save()
     print(md)
+    for name, why in skipped.items():
+        print(f"bug_matrix: {name} not run: {why}", file=sys.stderr)
     print(f"bug_matrix: {len(results)} scenarios in {wall:.0f}s; everything in {out}", file=sys.stderr)
     return 0
+
+
+def _gpu_count() -> int:
+    r = tool([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"], limit=60)
+    return int(r["stdout"].strip() or 0) if r["rc"] == 0 and r["stdout"].strip().isdigit() else 0
 
 
 def rejudge(out: str) -> int:
     with open(os.path.join(out, "matrix.json"), encoding="utf-8") as f:
         matrix = json.load(f)
     truths = {s["name"]: s["truth"] for s in scenarios()}
+    global BACKEND
+    BACKEND = matrix.get("backend", "gloo")
     for name, r in matrix["scenarios"].items():
         r["truth"] = truths.get(name, r["truth"])
         for c in list(r["cells"]):

@@ -6,6 +6,12 @@ each completed step (hangdoc's watchdog counts it when the job runs under ``-m h
 ``HANG_TIMEOUT`` (seconds, default 300) is the gloo timeout: a forgotten job ends by itself; the
 matrix sets it to 8 for its ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` run, the same threshold it gives
 hangdoc's watchdog.
+
+``BUG_BACKEND=nccl`` runs the same scenario on GPUs (one per rank, by ``LOCAL_RANK``): the default
+device becomes that GPU, so the scenarios' tensors live there and their collectives go through NCCL
+(``benchmarks/bug_matrix.py --backend nccl``). Tensors made in DataLoader workers or side threads
+name their device explicitly (a forked worker must not touch CUDA; a thread does not inherit the
+default device).
 """
 
 import faulthandler
@@ -16,13 +22,21 @@ import time
 from datetime import timedelta
 
 
+BACKEND = os.environ.get("BUG_BACKEND", "gloo")
+
+
 def init():
-    """Init the default process group (gloo) and return (rank, world_size)."""
+    """Init the default process group (gloo, or NCCL with ``BUG_BACKEND=nccl``) and return (rank, world_size)."""
+    import torch
     import torch.distributed as dist
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     timeout = float(os.environ.get("HANG_TIMEOUT", "300"))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    if BACKEND == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        torch.set_default_device(f"cuda:{local}")
+    dist.init_process_group(BACKEND, timeout=timedelta(seconds=timeout))
     return dist.get_rank(), dist.get_world_size()
 
 

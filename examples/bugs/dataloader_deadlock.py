@@ -34,7 +34,7 @@ class CountingDataset(Dataset):
     def __getitem__(self, index):
         with STATS_LOCK:
             pass
-        return torch.full((4,), float(index))
+        return torch.full((4,), float(index), device="cpu")  # a forked worker: never CUDA
 
 
 def flusher(holding, hold):
@@ -62,7 +62,7 @@ def main():
     if rank != 1:
         t.start()
     for step, batch in enumerate(batches):
-        total += batch.sum(0)
+        total += batch.to(total.device).sum(0)
         dist.all_reduce(total)
         progress(rank, step)
     finish()

@@ -34,7 +34,7 @@ class RemoteDataset(Dataset):
         if self.rank == 3 and index == 20:
             with open(self.stuck_path, "rb") as f:  # the bug: a read with no timeout that never returns
                 f.read(1)
-        return torch.full((4,), float(index))
+        return torch.full((4,), float(index), device="cpu")  # a forked worker: never CUDA
 
 
 def main():
@@ -46,7 +46,7 @@ def main():
     for step, batch in enumerate(loader):
         if step == 4:
             hang_point(rank, "batch 5" if rank == 3 else "all_reduce")
-        total += batch.sum(0)
+        total += batch.to(total.device).sum(0)
         dist.all_reduce(total)
         progress(rank, step)
     finish()

@@ -32,7 +32,7 @@ SHARD = 64
 def comm_thread(jobs, results, world):
     while True:
         grad = jobs.get()
-        out = torch.empty(grad.numel() // world)
+        out = torch.empty(grad.numel() // world, device=grad.device)  # a thread: no default device
         dist.reduce_scatter_tensor(out, grad)
         results.put(out)
 
