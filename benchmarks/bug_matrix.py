@@ -23,10 +23,12 @@ whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
   ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_``. Column ``fr``.
 
 With ``--backend nccl`` (one GPU a rank: ``BUG_BACKEND=nccl``, see ``examples/bugs/_common.py``) the
-plain run is also NCCL's own evidence: its NCCL timeout is ``NCCL_TIMEOUT`` s with
-``TORCH_NCCL_DUMP_ON_TIMEOUT=1``, so the console log gets the watchdog's lines (column ``log``:
-``hangdoc aggregate`` of that log alone) and Flight Recorder dumps itself on the timeout (column
-``fr``: ``fr_trace`` on those dumps); there is no separate Flight Recorder run. A scenario of more
+plain run is also NCCL's own evidence, with no separate Flight Recorder run: it runs under
+``fr_dump_wrapper.py``, which dumps NCCL's Flight Recorder right after the py-spy dumps (column
+``fr``: ``fr_trace`` on those dumps; NCCL's dump on timeout never comes where every rank has gone
+on to ``destroy_process_group``), and its NCCL timeout is ``NCCL_TIMEOUT`` s, so the console log
+gets the watchdog's lines where the watchdog fires (column ``log``: ``hangdoc aggregate`` of that
+log alone). A scenario of more
 ranks than GPUs (``--gpus``) is not run.
 
 Each cell is judged by ``benchmarks/matrix_judge.py`` against the scenario's ``TRUTH`` (headline
@@ -330,11 +332,14 @@ def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
     fr = os.path.join(d, "fr")
     nccl = BACKEND == "nccl"
     for i, env in enumerate(s["runs"]):
+        args = [s["path"]]
         if nccl:
             shutil.rmtree(fr, ignore_errors=True)  # fr_trace reads a directory of one job's dumps
             os.makedirs(fr)
-            env = dict(env, **_nccl_fr_env(fr))
-        job = Job([s["path"]], world, env, os.path.join(d, "plain.log"))
+            trigger = os.path.join(d, f"fr-dump-now-{i}")
+            env = dict(env, FR_DUMP_DIR=fr, FR_DUMP_TRIGGER=trigger, **_nccl_fr_env(fr))
+            args = [os.path.join(HERE, "fr_dump_wrapper.py"), s["path"]]
+        job = Job(args, world, env, os.path.join(d, "plain.log"))
         try:
             state = job.wait_hung(world)
             ranks = job.ranks()
@@ -344,10 +349,10 @@ def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
                     f.write(r["stdout"] + r["stderr"])
                 with open(rank_map, "a") as f:
                     f.write(f"{pid} {rank}\n")
-            if nccl and state == "hung":  # NCCL's watchdog: its timeout lines, then the dumps, then the abort
-                alive = len(ranks)
-                job.wait_for(lambda: len(glob.glob(os.path.join(fr, "nccl_trace_rank_*"))) >= alive, NCCL_TIMEOUT + 40)
-                job.wait_for(job.exited, 10)  # the rest of the watchdog's lines
+            if nccl:  # Flight Recorder now, then NCCL's watchdog: its timeout lines where it fires
+                open(trigger, "w").close()
+                job.wait_for(lambda: len(glob.glob(os.path.join(fr, "fr_trace_rank_*"))) >= len(ranks), 20)
+                job.wait_for(job.exited, NCCL_TIMEOUT + 10)
         finally:
             job.stop()
     if os.path.exists(rank_map):
@@ -356,7 +361,7 @@ def run_plain(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
         hangdoc_report([os.path.join(d, "plain.log")], os.path.join(d, "log-aggregate.json"))
     got: Dict[str, Any] = {"state": state}
     if nccl:
-        got["fr_dumps"] = run_fr_trace(d, fr, "nccl_trace_rank_", world)
+        got["fr_dumps"] = run_fr_trace(d, fr, "fr_trace_rank_", world)
     return got
 
 

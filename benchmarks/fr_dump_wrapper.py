@@ -22,7 +22,8 @@ def dump(out_dir):
     import torch._C._distributed_c10d as c10d_c
 
     rank = os.environ.get("RANK", "0")
-    data = c10d_c._dump_fr_trace()
+    nccl = getattr(c10d_c, "_dump_nccl_trace", None)  # CUDA builds: NCCL's entries live in their own recorder
+    data = nccl() if nccl is not None and os.environ.get("BUG_BACKEND") == "nccl" else c10d_c._dump_fr_trace()
     tmp = os.path.join(out_dir, f".fr_trace_rank_{rank}.{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The bug matrix on NCCL (issue 22), bounded: from the repo root on a host with one GPU a rank
-# (4 GPUs run every 4-rank scenario). Results (env.txt, matrix.log, nccl-matrix.tgz) go to $OUT.
-#   OUT=/tmp/out JOBS=8 MATRIX_LIMIT=480 bash examples/bugs/device_matrix.sh
+# (4 GPUs run every 4-rank scenario). Results (env.txt, matrix.log, $NAME.tgz) go to $OUT.
+#   OUT=/tmp/out JOBS=8 MATRIX_LIMIT=480 [NAME=nccl-matrix] [MATRIX_ARGS='--only x --columns y'] bash examples/bugs/device_matrix.sh
 # A py-spy wheel in .whl/ is installed first where py-spy is missing (a host without a registry).
 set -u
 OUT=${OUT:-/tmp/nccl-matrix-out}
@@ -15,10 +15,11 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
   python3 -c "import torch,sys;print('torch',torch.__version__,'cuda',torch.version.cuda,'nccl',torch.cuda.nccl.version(),'python',sys.version.split()[0],'gpus',torch.cuda.device_count())"
   lscpu | grep -m1 "Model name"; nproc; py-spy --version; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-rm -rf /tmp/nccl-matrix
+NAME=${NAME:-nccl-matrix}
+rm -rf "/tmp/$NAME"
 timeout -s TERM "${MATRIX_LIMIT:-480}" python3 benchmarks/bug_matrix.py --backend nccl --jobs "${JOBS:-8}" \
-  --out /tmp/nccl-matrix ${MATRIX_ARGS:-} > "$OUT/matrix.log" 2>&1
+  --out "/tmp/$NAME" ${MATRIX_ARGS:-} > "$OUT/matrix.log" 2>&1
 echo "matrix rc $?"
 tail -40 "$OUT/matrix.log"
-tar czf "$OUT/nccl-matrix.tgz" -C /tmp nccl-matrix
+tar czf "$OUT/$NAME.tgz" -C /tmp "$NAME"
 ls -la "$OUT"
