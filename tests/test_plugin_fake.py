@@ -350,7 +350,10 @@ def test_hanging_in_process_ranks_are_interrupted_reported_and_cleaned_up(pytest
     result.stdout.fnmatch_lines(["FAILED test_hang.py::test_event - hang: rank 2 did not finish within 1 s*"])
 
     loop = failure_text(result, "test_go_never_arrives")
-    assert loop.startswith("hang: rank 1 did not finish within 1 s (world size 2, fake backend); rank 0 finished")
+    # rank 1's broadcasts, which the finished rank 0 never issued, are a divergence of their own when
+    # they fit the recorder; past its 100,000 calls (a fast machine in 1 s) only the hang is said
+    hang_head = "hang: rank 1 did not finish within 1 s (world size 2, fake backend); rank 0 finished"
+    assert loop.startswith((hang_head, "collective order diverged; " + hang_head))
     # a busy loop: the stack at the timeout is at one of its two lines
     assert re.search(r"line 18, in test_go_never_arrives\n    while go.item\(\) == 0:"
                      r"|line 19, in test_go_never_arrives\n    dist.broadcast\(go, src=0\)", loop)
