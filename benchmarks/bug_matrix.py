@@ -20,7 +20,7 @@ whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
   Column ``detail``.
 * **Flight Recorder**: ``TORCH_FR_BUFFER_SIZE=20000`` and ``benchmarks/fr_dump_wrapper.py`` (a
   dump on demand: gloo has no dump on timeout); dumped when hung as in the plain run, then
-  ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_``. Column ``fr``.
+  ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_``. Column ``fr``; column ``frhd`` is ``hangdoc aggregate`` of the same dumps.
 
 With ``--backend nccl`` (one GPU a rank: ``BUG_BACKEND=nccl``, see ``examples/bugs/_common.py``) the
 plain run is also NCCL's own evidence, with no separate Flight Recorder run: it runs under
@@ -65,12 +65,12 @@ from hangdoc.proctree import free_port, parent_map  # noqa: E402
 import matrix_judge  # noqa: E402
 
 BUGS = os.path.join(ROOT, "examples", "bugs")
-COLUMNS = ("injob", "aggregate", "detect", "pyspy", "log", "detail", "fr")
+COLUMNS = ("injob", "aggregate", "detect", "pyspy", "log", "detail", "fr", "frhd")
 #: which run feeds which columns
 COLUMNS_OF_RUN = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",),
-        "detail": ("detail",), "fr": ("fr",)}
+        "detail": ("detail",), "fr": ("fr", "frhd")}
 #: on NCCL the plain run's own timeout makes the Flight Recorder dumps (no wrapper run)
-COLUMNS_OF_RUN_NCCL = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy", "log", "fr"),
+COLUMNS_OF_RUN_NCCL = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy", "log", "fr", "frhd"),
         "detail": ("detail",)}
 HANG_TIMEOUT = 8
 #: the NCCL timeout of the plain run on NCCL: after the py-spy dumps, long enough for none to be early
@@ -311,10 +311,12 @@ def _nccl_fr_env(fr: str) -> Dict[str, str]:
 
 
 def run_fr_trace(d: str, fr: str, prefix: str, world: int) -> int:
-    """``fr_trace`` on the dumps in ``fr`` into ``d/fr_trace.txt``; the number of dumps."""
+    """``fr_trace`` on the dumps in ``fr`` into ``d/fr_trace.txt``, and hangdoc on the same dumps into
+    ``d/fr-aggregate.json`` (column ``frhd``); the number of dumps."""
     found = len(glob.glob(os.path.join(fr, prefix + "*")))
     if not found:
         return 0
+    hangdoc_report([fr], os.path.join(d, "fr-aggregate.json"))
     cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", fr, "-p", prefix]
     if found < world:  # fr_trace refuses a directory without every rank's dump unless told
         cmd.append("--allow-incomplete-ranks")
@@ -412,6 +414,8 @@ def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
         return report_verdict(os.path.join(d, "pyspy-aggregate.json"))
     if column == "log":
         return report_verdict(os.path.join(d, "log-aggregate.json"))
+    if column == "frhd":
+        return report_verdict(os.path.join(d, "fr-aggregate.json"))
     if column == "detail":
         path = os.path.join(d, "detail.log")
         if not os.path.exists(path):
@@ -557,6 +561,10 @@ def rejudge(out: str) -> int:
     truths = {s["name"]: s["truth"] for s in scenarios()}
     global BACKEND
     BACKEND = matrix.get("backend", "gloo")
+    for name in sorted(truths):  # a scenario that ended as the run was cut short: its files are there
+        if name not in matrix["scenarios"] and os.path.isdir(os.path.join(out, name)):
+            matrix["scenarios"][name] = {"truth": truths[name], "verdicts": {}, "runs": {}, "recovered": True,
+                                         "cells": {c: None for c in matrix["columns"]}}
     for name, r in matrix["scenarios"].items():
         r["truth"] = truths.get(name, r["truth"])
         for c in list(r["cells"]):
