@@ -1,0 +1,83 @@
+"""A rank's own history of calls: where it broke the pattern its loop kept before.
+
+A training loop issues the same calls in the same order every step, across all its process groups
+(a tensor-parallel all_reduce, a pipeline send, a recv ...). A rank that skips one of them in one
+step breaks that period; the ranks it leaves waiting keep theirs. In a wait-for cycle through
+several groups (tensor-parallel and pipeline groups, say) every rank waits for the next, so the
+cycle alone blames everybody; the rank whose own history broke its period is the one whose code
+took another path.
+
+    >>> from hangdoc.model import CollectiveRecord as R
+    >>> def calls(rank, sites):
+    ...     return [R(rank=rank, seq=i, op=op, call_site=f"train.py:{line}:main", time_issued=float(i))
+    ...             for i, (op, line) in enumerate(sites)]
+    >>> step = [("recv", 46), ("all_reduce", 48), ("send", 50)]
+    >>> kept = calls(2, step * 3 + step[:2])
+    >>> broke = calls(3, step * 3 + [("recv", 46), ("send", 50), ("recv", 46)])
+    >>> breaks = period_breaks(kept + broke, [2, 3])
+    >>> sorted(breaks), breaks[3].expected, breaks[3].actual.op
+    ([3], ('all_reduce', 'train.py:48'), 'send')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from hangdoc.analysis.sequence import periodic_next, site
+from hangdoc.model import CollectiveRecord
+
+#: calls of a rank's history looked at (its newest); a loop of up to 64 calls repeated twice fits
+WINDOW = 512
+#: how far from the end of a rank's history a break may lie (the skip comes shortly before the hang)
+TAIL = 8
+
+
+@dataclass
+class Break:
+    """``rank`` issued ``actual`` where its loop's period says ``expected`` (op, call site) came next."""
+
+    rank: int
+    expected: Tuple[str, str]
+    actual: CollectiveRecord
+    #: the calls of one period, as (op, call site), for the evidence
+    period: List[Tuple[str, str]]
+
+    @property
+    def summary(self) -> str:
+        return (f"rank {self.rank} issued {self.actual.op} at {site(self.actual)} where every earlier iteration of "
+                f"its loop issued {self.expected[0]} at {self.expected[1]} "
+                f"(its loop: {', '.join(f'{op} {where}' for op, where in self.period)})")
+
+
+def _key(r: CollectiveRecord) -> Tuple[str, str]:
+    return (r.op, site(r))
+
+
+def _history(records: Iterable[CollectiveRecord], rank: int) -> List[CollectiveRecord]:
+    mine = [r for r in records if r.rank == rank]
+    if all(r.time_issued is not None for r in mine):
+        mine.sort(key=lambda r: r.time_issued)  # across groups: the order the rank issued them
+    return mine[-WINDOW:]
+
+
+def _period(keys: List[Tuple[str, str]], nxt: Tuple[str, str]) -> List[Tuple[str, str]]:
+    for p in range(1, min(len(keys) // 2, 64) + 1):
+        if keys[len(keys) - p] == nxt and keys[-p:] == keys[-2 * p:-p]:
+            return keys[-p:]
+    return [nxt]
+
+
+def period_breaks(records: Iterable[CollectiveRecord], ranks: Iterable[int]) -> Dict[int, Break]:
+    """The ranks among ``ranks`` whose newest calls broke the period their history kept before."""
+    records = list(records)
+    out: Dict[int, Break] = {}
+    for rank in ranks:
+        hist = _history(records, rank)
+        keys = [_key(r) for r in hist]
+        for k in range(max(2, len(keys) - TAIL), len(keys)):
+            expected: Optional[Tuple[str, str]] = periodic_next(keys[:k])
+            if expected is not None and keys[k] != expected:
+                out[rank] = Break(rank, expected, hist[k], _period(keys[:k], expected))
+                break
+    return out
