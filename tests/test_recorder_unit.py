@@ -223,3 +223,32 @@ def test_records_are_untracked_by_the_young_collection(group):
         assert r.records()[-1].shapes == ((3, 2),)
     finally:
         recorder.disable()
+
+
+def test_a_collective_torch_issues_inside_a_recorded_one_is_not_a_call_of_its_own(group, monkeypatch):
+    """Seen on torch 2.11 with CUDA tensors: every all_reduce was recorded twice, the second time
+    at hangdoc's own wrapper ('<string>:69'), because torch issued a patched collective from a module
+    other than c10d inside the recorded call. Modelled here: c10d's broadcast calls all_reduce from
+    a helper that lives in torch's tree."""
+    import functools
+
+    from torch.distributed import distributed_c10d as c10d
+
+    real = c10d.broadcast
+    helper_file = os.path.join(os.path.dirname(torch.__file__), "distributed", "_hangdoc_nested_helper.py")
+    ns = {"torch": torch, "real": real}
+    exec(compile("def broadcast(*args, **kwargs):\n"
+                 "    torch.distributed.all_reduce(torch.ones(1))  # torch-internal work, itself a patched collective\n"
+                 "    return real(*args, **kwargs)\n", helper_file, "exec"), ns)
+    broadcast = functools.wraps(real)(ns["broadcast"])
+
+    monkeypatch.setattr(c10d, "broadcast", broadcast)
+    monkeypatch.setattr(dist, "broadcast", broadcast)
+    r = recorder.enable(capacity=100)
+    try:
+        dist.broadcast(torch.ones(2), src=0)
+        dist.all_reduce(torch.ones(2))  # a call of its own: recorded, numbered after the broadcast's
+        got = [(x.op, x.seq, os.path.basename(x.call_site.rsplit(":", 2)[0])) for x in r.records()]
+    finally:
+        recorder.disable()
+    assert got == [("broadcast", 0, "test_recorder_unit.py"), ("all_reduce", 1, "test_recorder_unit.py")]

@@ -174,13 +174,17 @@ def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: st
           "else:",
           "    _stream = None",
           "_site = (_hit[2].get(_frame.f_lasti) or _intern_site(_hit, _frame.f_lasti)) if not _hit[1] else _call_site(_frame)",
-          "_async = True" if spec.always_async else
-          f"_async = True if {async_op} else False" if async_op != "None" else "_async = False",
-          "_t0 = _time()",
-          f"_rec = (_seq, {op!r}, _info, _shapes, _dtypes, _root, _peer, _async, _site, _stream, _ph, _t0, None, 'issued')"]
+          "if _site is _NESTED:  # inside another recorded call: it is that call's, not one of its own",
+          "    _seqs[_key] = _seq",
+          "    _rec = None"]
+    tail = ["_async = True" if spec.always_async else
+            f"_async = True if {async_op} else False" if async_op != "None" else "_async = False",
+            "_t0 = _time()",
+            f"_rec = (_seq, {op!r}, _info, _shapes, _dtypes, _root, _peer, _async, _site, _stream, _ph, _t0, None, 'issued')"]
     if not spec.p2p:  # hangdoc.runtime.detect: rolling signature digests of collectives
-        b += ["if _detect is not None:", f"    _detect(_key, {op!r}, _shapes, _dtypes, _root, _rec)"]
-    b += ["_r._buf.append(_rec)"]
+        tail += ["if _detect is not None:", f"    _detect(_key, {op!r}, _shapes, _dtypes, _root, _rec)"]
+    tail += ["_r._buf.append(_rec)"]
+    b += ["else:"] + ["    " + line for line in tail]
     return out + ["    " + line for line in b]
 
 
@@ -857,6 +861,11 @@ _reported = [False]
 _internal_code: Dict[Any, bool] = {}
 _internal_prefixes: Tuple[str, ...] = ()
 _c10d_file = ""
+#: id -> code of hangdoc's own wrappers: a call whose caller chain passes through one is part of
+#: another recorded call (torch calling a patched collective from inside one), never a call of its own
+_WRAPPER_CODES: Dict[int, Any] = {}
+#: what _call_site returns for such a nested call
+_NESTED = ("nested", -1)
 _groups: Dict[Any, Tuple[str, Tuple[int, ...]]] = {}  # pg (or None) -> (name, global ranks)
 _c10d: Any = None
 #: hangdoc.runtime.detect's hook, called with each collective's signature (None: off), and the
@@ -950,9 +959,11 @@ def plumbing_prefixes() -> Tuple[str, ...]:
 
 def _code_kind(code: Any) -> tuple:
     """``(code, kind)``: 0 user code, 1 torch/hangdoc/stdlib plumbing, 2 torch.distributed's own
-    c10d module (a call from there is part of another wrapped call, not a call of its own)."""
+    c10d module (a call from there is part of another wrapped call, not a call of its own), 3 one of
+    hangdoc's wrappers (likewise, reached through other torch modules)."""
     fn = code.co_filename
-    kind = 2 if fn == _c10d_file else 1 if fn.startswith(_internal_prefixes) else 0
+    kind = (3 if id(code) in _WRAPPER_CODES else 2 if fn == _c10d_file else 1 if fn.startswith(_internal_prefixes)
+            else 0)
     # Keyed by id: hashing a code object hashes its bytecode and constants on every call. The
     # value keeps the code alive, so the id cannot be reused by another code object.
     hit = _internal_code[id(code)] = (code, kind, {})
@@ -978,6 +989,8 @@ def _call_site(frame: Any) -> Any:
         hit = cache.get(id(code)) or _code_kind(code)
         if not hit[1]:
             return hit[2].get(f.f_lasti) or _intern_site(hit, f.f_lasti)
+        if hit[1] == 3:
+            return _NESTED
         f = f.f_back
     return None
 
@@ -1213,6 +1226,7 @@ def _wrap(fn: Callable, spec: _Spec) -> Callable:
     """``fn`` recording each call: with ``fn``'s own signature where it can be reproduced (the
     hot path, see _make_fast_wrapper), else through ``*args, **kwargs`` and ``spec.extract``."""
     wrapper = _make_fast_wrapper(fn, spec) or _generic_wrapper(fn, spec)
+    _WRAPPER_CODES[id(wrapper.__code__)] = wrapper.__code__
     functools.update_wrapper(wrapper, fn)
     wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
     return wrapper
