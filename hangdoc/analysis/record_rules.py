@@ -29,11 +29,13 @@ the evidence, never reported one by one.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from hangdoc.analysis import sequence
 from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
 from hangdoc.ranges import MAX_LISTED, MAX_RUNS, RankSet
+if TYPE_CHECKING:
+    from hangdoc.analysis.signatures import Wait
 # finding text: long rank lists end in "… and N more" (the culprits keep every rank)
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
@@ -319,6 +321,10 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
             if p.rank in lag.ranks and p.role != "dataloader-worker" and p.rank not in stacks:
                 stacks[p.rank] = wait_of(p)
         elsewhere = sorted(r for r, w in stacks.items() if w.category not in DISTRIBUTED and w.category != "unknown")
+        locked = [r for r in elsewhere if stacks[r].category == "lock" and stacks[r].detail.startswith("waiting for ")]
+        if locked and len(locked) == len(lag.ranks):
+            out.append(_blocked_finding(report, lag, {r: stacks[r] for r in locked}, pending_ev))
+            continue
         evidence = [lag.summary]
         evidence += [f"rank {r}'s stack: {stacks[r].describe()}" for r in sorted(stacks)[:MAX_RUNS]]
         if len(stacks) > MAX_RUNS:
@@ -341,6 +347,26 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
             confidence=CONFIDENCE_LAG_STACKS if elsewhere else CONFIDENCE_LAG,
         ))
     return out
+
+
+def _blocked_finding(report: Report, lag: sequence.Lag, waits: Dict[int, "Wait"], pending_ev: List[str]) -> Finding:
+    """Ranks behind because each is blocked on a primitive its source line names (a lock taken
+    twice, a child process that never ends): they will never issue the collective the others wait in."""
+    x = lag.waiting_in
+    ranks = sorted(waits)
+    w0 = waits[ranks[0]]
+    where = w0.frame.label() if w0.frame is not None else "?"
+    return Finding(
+        kind="collective-mismatch",
+        summary=(f"{describe_ranks(ranks)} {'is' if len(ranks) == 1 else 'are'} blocked {w0.detail} at {where} and never "
+                 f"issued {x.op} #{x.seq} ({sequence.site(x)}) that {describe_ranks(lag.waiting)} "
+                 f"{'waits' if len(lag.waiting) == 1 else 'wait'} in"),
+        culprits=_culprits(report, ranks),
+        evidence=[f"rank {r}'s stack: {w.describe()}" for r, w in sorted(waits.items())[:MAX_RUNS]] + [lag.summary],
+        advice=[f"Look at {where} on {describe_ranks(ranks)}: a non-reentrant lock taken twice, a lock another "
+                f"thread holds (or held when the process forked), or a child process or thread that never ends. "
+                f"`py-spy dump --native --pid PID` shows the C-level wait; `py-spy dump --subprocesses` a forked child's."],
+        detail=list(pending_ev), confidence=CONFIDENCE_HISTORY)
 
 
 def _world_size(report: Report, records: List[CollectiveRecord]) -> Optional[int]:

@@ -127,6 +127,8 @@ class Wait:
             what = _HOST_SYNC_NAMES.get(self.op, self.op) + " (host sync)"
         if self.category == "compute":
             what = "compute"
+        if self.category == "lock" and self.detail.startswith("waiting for "):
+            what = self.detail
         where = self.call_site or self.frame
         if where is None:
             return what
@@ -396,6 +398,13 @@ def classify_stack(frames: Sequence[Frame], state: Optional[str] = None) -> Wait
     detail = shape.detail
     if category == "dataloader-worker" and detail == "busy" and state is not None and state.lower().startswith("idle"):
         detail = "blocked"  # idle inside the user's dataset code: a C-level wait such as a lock
+    if category in ("compute", "unknown") and frames and not is_library(frames[-1]):
+        # Python frames hide a C-level wait (``with LOCK:``, ``os.waitpid``): the source line says it
+        from hangdoc.analysis.source_waits import blocking_call
+
+        found = blocking_call(frames[-1].file or "", frames[-1].line)
+        if found is not None:
+            return Wait("lock", "", frames[-1], frames[-1], None, None, False, f"waiting for {found[0]} (`{found[1]}`)")
     return Wait(category, shape.op, frame, call_site, peer if category == "p2p" else None, root,
                 group_rank, detail)
 
