@@ -8,6 +8,8 @@ identity (a timestamp, a quote, a colour, a pod or a node name the whole file sh
 
 import os
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,9 +77,21 @@ FAMILIES = {
     "mpirun": lambda r, i: None if r is None else f"[1,{r}]<stderr>:",
     "horovod": lambda r, i: None if r is None else f"[{r}]<stderr>:",
     "hangdoc": lambda r, i: None if r is None else f"[node1:{r}] ",
+    # srun --label: one task a rank ("12: "), or one task running torchrun for the whole job ("0: ")
+    "srun": lambda r, i: None if r is None else f"{r}: ",
+    "srun-one": lambda r, i: "0: ",
+    # DeepSpeed's runner (pdsh): the node's name, two ranks a node
+    "deepspeed": lambda r, i: "worker-0: " if r is None else f"worker-{r // 2}: ",
+    "tee-role": lambda r, i: None if r is None else f"[trainer{r}]:",
+    "template": lambda r, i: None if r is None else f"[vm:{r}]:",
+    # stern's default template "{{.PodName}} {{.ContainerName}} {{.Message}}": one pod for the file,
+    # or a pod a rank
+    "stern": lambda r, i: "trainer-worker-0 pytorch ",
+    "stern-pods": lambda r, i: None if r is None else f"trainer-worker-{r} pytorch ",
 }
 # what a family adds to a line it cannot label with a rank
-FALLBACK = {"torch-rank": "quote", "tee": "iso-time", "mpirun": "pid", "horovod": "clock", "hangdoc": "log-time"}
+FALLBACK = {"torch-rank": "quote", "tee": "iso-time", "mpirun": "pid", "horovod": "clock", "hangdoc": "log-time",
+            "srun": "clock", "tee-role": "iso-time", "template": "pid", "stern-pods": "stern"}
 
 
 def prefixed(lines, families):
@@ -105,6 +119,43 @@ def prefixed(lines, families):
 def test_any_prefix_or_two_stacked_keep_the_verdict(path, families):
     lines = text_of(path)
     assert headline(prefixed(lines, families)) == headline(lines), families
+
+
+@pytest.mark.parametrize("family", ["srun", "srun-one", "deepspeed", "tee-role", "template", "stern", "stern-pods"])
+def test_each_launcher_family_alone_keeps_every_verdict(family):
+    # every fixture, not a sample: "0: " before every line once moved 12 verdicts (the task id
+    # taken for the rank over "[default3]:" and "[Rank 3]"), stern's "pod container " 25
+    changed = [(os.path.relpath(p, FIX), headline(lines), headline(prefixed(lines, [family])))
+               for p in FIXTURES for lines in [text_of(p)]]
+    assert [c for c in changed if c[1] != c[2]] == []
+
+
+def test_srun_task_id_is_the_rank_only_when_nothing_inside_names_one():
+    one = Peeler()
+    one.learn(["0: [default3]:a", "0: [default1]:b", "0: c"] * 3)
+    assert one.task_is is None  # one task for the whole file: a launcher's, no rank
+    assert one.peel("0: [default3]:x") == ((None, None, 3), "x")
+    assert one.peel("0: [Rank 3] Watchdog") == ((None, None, None), "[Rank 3] Watchdog")
+    nodes = Peeler()
+    nodes.learn(["0: [default0]:a", "1: [default0]:b", "0: [default1]:c", "1: [default1]:d"] * 3)
+    assert nodes.task_is == "node"  # srun ran torchrun a node: the task tells the nodes apart
+    assert nodes.peel("1: [default1]:x") == (("task1", None, 1), "x")
+    ranks = Peeler()
+    ranks.learn(["0: a", "1: b", "0: c", "1: d"] * 3)
+    assert ranks.peel("1: Traceback") == ((None, 1, None), "Traceback")
+    # a label no head line taught, confirmed by the rank inside it
+    assert Peeler().peel("3: [rank3]: boom") == ((None, 3, None), "boom")
+    assert Peeler().peel("3: [rank2]: boom") == ((None, None, None), "3: [rank2]: boom")
+
+
+def test_stern_pod_prefix_is_learnt_from_the_file():
+    lines = [f"trainer-worker-{r} pytorch [rank{r}]: line {i}" for i in range(4) for r in range(3)]
+    p = Peeler()
+    p.learn(lines)
+    assert p.peel("trainer-worker-2 pytorch [rank2]: Traceback") == (("trainer-worker-2", 2, None), "Traceback")
+    q = Peeler()  # words that do not end in a replica's number are no pod
+    q.learn(["loss is 0.3", "epoch3 done here", "step 12 loss 0.1"] * 5)
+    assert q.pods == set() and q.peel("loss is 0.3") == ((None, None, None), "loss is 0.3")
 
 
 def test_every_fixture_is_tried():

@@ -32,7 +32,7 @@ peeled at most :data:`MAX_LAYERS` times.
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 #: (host, rank, local_rank) of a line's writer; all None for a line without identity
 Identity = Tuple[Optional[str], Optional[int], Optional[int]]
@@ -77,6 +77,9 @@ _LEVEL_RE = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}
 # a candidate learnt label: "12: ", "node7: ", "worker-3: ", "gpu-node-12.cluster: "
 _LABEL_RE = re.compile(r" {0,8}([A-Za-z0-9][A-Za-z0-9_.\-]{0,127}(?::\d{1,6})?): ")
 _TRAILING_DIGITS_RE = re.compile(r"\d{1,9}$")
+# a candidate learnt pod prefix, as stern prints it: "trainer-worker-0 pytorch " (pod, container;
+# Kubernetes names are lower case)
+_POD_RE = re.compile(r"([a-z0-9][a-z0-9.\-]{0,252}) ([a-z0-9][a-z0-9\-]{0,62}) ")
 
 
 def strip_ansi(text: str) -> str:
@@ -100,11 +103,16 @@ def _stem(label: str) -> Optional[str]:
 class Peeler:
     """Peels launcher prefixes off lines; :meth:`learn` adds the labels one file uses."""
 
-    __slots__ = ("stems", "_learnt")
+    __slots__ = ("stems", "pods", "task_is", "_learnt")
 
     def __init__(self) -> None:
         #: stems of learnt ``label: `` prefixes ("" for srun's bare task ids)
         self.stems: set = set()
+        #: what srun's task id is in this file: "rank" (one task a rank), "node" (one task a node's
+        #: launcher, its ranks named inside), or None (one task for all: it says nothing)
+        self.task_is: Optional[str] = "rank"
+        #: (pod stem, container) of learnt stern prefixes ``pod container ``
+        self.pods: set = set()
         self._learnt = False
 
     def learn(self, lines: Iterable[str]) -> None:
@@ -124,9 +132,12 @@ class Peeler:
         set()
         """
         self._learnt = True
-        counts: Dict[str, int] = {}
-        labels: Dict[str, set] = {}
+        counts: Dict[Any, int] = {}  # stem (or (pod stem, container)) -> lines it starts
+        labels: Dict[Any, set] = {}
         total = 0
+        # srun's task ids against the ranks an inner layer names on the same line: a task that
+        # wraps other ranks (``srun --label torchrun``) is a node, not a rank
+        task_clash = False
         for i, raw in enumerate(lines):
             if i >= LEARN_LINES:
                 break
@@ -137,16 +148,33 @@ class Peeler:
                 continue
             total += 1
             for part in range(2):
-                for _depth in range(2):  # "gpu-node7: r12i0n8:3: text": both are labels
+                tasks: List[Optional[int]] = []  # this line's srun task ids, outermost first
+                for _depth in range(3):  # "worker-3: 0: r12i0n8:3: text": all three are labels
                     m = _LABEL_RE.match(line)
                     if m is None:
-                        break
-                    stem = _stem(m.group(1))
+                        pod = self._pod_key(line)
+                        if pod is None:
+                            break
+                        key, end = pod
+                        counts[key] = counts.get(key, 0) + 1
+                        labels.setdefault(key, set()).add(line[:end])
+                        _, line = self._peel_known(line[end:])
+                        continue
+                    label = m.group(1)
+                    stem = _stem(label)
                     if stem is None:
                         break
                     counts[stem] = counts.get(stem, 0) + 1
-                    labels.setdefault(stem, set()).add(m.group(1))
-                    _, line = self._peel_known(line[m.end():])
+                    labels.setdefault(stem, set()).add(label)
+                    inner, line = self._peel_known(line[m.end():])
+                    named = [_rank(v) for k, v in inner if k in ("rank", "local")]
+                    if ":" in label:
+                        named.insert(0, _rank(label.rpartition(":")[2]))
+                    elif not stem:
+                        named.insert(0, _rank(label))
+                        tasks.append(named[0])
+                    # a task id with another rank named inside it wraps other ranks
+                    task_clash = task_clash or any(r != t for t in tasks for r in named)
                 if part or "\r" not in line:
                     break
                 _, line = self._peel_known(line[line.rfind("\r") + 1:])
@@ -155,7 +183,63 @@ class Peeler:
             # numbered lines that each occur once (a Rust backtrace's "  0: ", a list) are no
             # prefix: a launcher labels many lines with each label
             if n * 5 >= total and n >= 2 and ((distinct > 1 and n >= 3 * distinct) or n * 2 >= total):
-                self.stems.add(stem)
+                (self.pods if isinstance(stem, tuple) else self.stems).add(stem)
+        tasks = len(labels.get("", ()))
+        self.task_is = None if tasks <= 1 else ("node" if task_clash else "rank")
+
+    @staticmethod
+    def _pod_key(line: str) -> Optional[Tuple[Tuple[str, str], int]]:
+        """``((pod stem, container), end)`` of a stern ``pod container `` head, or None."""
+        if not (line[:1].islower() or line[:1].isdigit()):
+            return None
+        m = _POD_RE.match(line)
+        if m is None:
+            return None
+        stem = _stem(m.group(1))
+        if not stem or not stem[-1:] in "-.":  # "trainer-worker-0": a numbered replica, not "epoch3"
+            return None
+        return (stem, m.group(2)), m.end()
+
+    def _peel_labelled(self, line: str, depth: int) -> Tuple[List[Tuple[str, str]], str]:
+        """The known prefixes and up to ``depth`` learnt labels (each followed by known ones)."""
+        found, line = self._peel_known(line)
+        for _depth in range(depth if self.stems or self.pods or line[:1].isdigit() else 0):
+            m = _LABEL_RE.match(line)
+            if m is None:
+                pod = self._pod_key(line) if self.pods else None
+                if pod is None or pod[0] not in self.pods:
+                    break
+                found.append(("host", line[:pod[1]].split(" ", 1)[0]))
+                got, line = self._peel_known(line[pod[1]:])
+                found.extend(got)
+                continue
+            label = m.group(1)
+            if _stem(label) not in self.stems:
+                # not learnt (too few lines of the head carry it), but "3: [rank3]: ": a task id
+                # that what is inside it confirms is srun's, wherever it occurs
+                if not label.isdigit() or depth < 2:
+                    break
+                got, rest = self._peel_labelled(line[m.end():], depth - 1)
+                named = [v for k, v in got if k in ("rank", "local")]
+                if not named or _rank(named[-1]) != _rank(label):
+                    break
+                found.extend(got)
+                return found, rest
+            if label.isdigit():
+                if self.task_is == "rank":
+                    found.append(("task", label))
+                elif self.task_is == "node":
+                    # srun ran one launcher a node: the task id tells its nodes apart
+                    found.append(("node", "task" + label))
+            elif ":" in label:  # "r12i0n8:3: ": host and rank
+                h, _, r = label.rpartition(":")
+                found.append(("host", h))
+                found.append(("rank", r))
+            else:
+                found.append(("host", label))
+            got, line = self._peel_known(line[m.end():])
+            found.extend(got)
+        return found, line
 
     def _peel_known(self, line: str) -> Tuple[List[Tuple[str, str]], str]:
         """Peel the prefixes every file may carry: ``[(kind, value)]`` outermost first, and the text."""
@@ -258,23 +342,8 @@ class Peeler:
             line = strip_ansi(line)
         found: List[Tuple[str, str]] = []
         for _ in range(2):
-            got, line = self._peel_known(line)
+            got, line = self._peel_labelled(line, 3)
             found.extend(got)
-            for _depth in range(2 if self.stems else 0):
-                m = _LABEL_RE.match(line)
-                if m is None or _stem(m.group(1)) not in self.stems:
-                    break
-                label = m.group(1)
-                if label.isdigit():
-                    found.append(("task", label))
-                elif ":" in label:  # "r12i0n8:3: ": host and rank
-                    h, _, r = label.rpartition(":")
-                    found.append(("host", h))
-                    found.append(("rank", r))
-                else:
-                    found.append(("host", label))
-                got, line = self._peel_known(line[m.end():])
-                found.extend(got)
             cr = line.rfind("\r")
             if cr < 0:
                 break
@@ -282,18 +351,25 @@ class Peeler:
             line = line[cr + 1:]
         if not found:
             return NO_IDENTITY, line
-        host = rank = local = task = None
+        host = rank = local = task = node = None
         for kind, value in found:
             if kind == "host":
                 host = value
+            elif kind == "node":
+                node = value
             elif kind == "rank":
                 rank = _rank(value)
             elif kind == "local":
                 local = _rank(value)
             elif kind == "task":
                 task = _rank(value)
-        if rank is None and task is not None:
+        if rank is None and local is None and task is not None:
+            # srun's task id is the rank only when no inner layer names one
             rank = task
+        if host is None and node is not None:
+            host = node
+        if host is None and rank is None and local is None:
+            return NO_IDENTITY, line
         return (host, rank, local), line
 
 
