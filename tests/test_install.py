@@ -6,6 +6,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def wheel(tmp_path_factory):
     """A wheel built by a PEP 517 front end (``python -m build``, else ``pip wheel``) from a copy of
     the sources: setuptools writes build/ and *.egg-info beside the sources, not into the checkout."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(os.path.join(ROOT, name), str(src / name))
     shutil.copytree(os.path.join(ROOT, "hangdoc"), str(src / "hangdoc"),
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -146,3 +147,91 @@ def test_wheel_with_python38(wheel, tmp_path):
          cwd=str(tmp_path))
     hangdoc_cmd = [venv_python, "-m", "hangdoc"]
     _check_verdict(_run(hangdoc_cmd + ["aggregate", "--format", "json", FIXTURE], cwd=str(tmp_path)))
+
+
+# -- HANGDOC="options" torchrun ... script.py: the wheel's startup hook (hangdoc/startup.py) ----------
+
+FAILING = """\
+import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.all_reduce(torch.ones(1))
+print("rank", dist.get_rank(), "sees HANGDOC =", os.environ.get("HANGDOC"), flush=True)
+def step():
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 gave up")
+    dist.barrier()
+step()
+"""
+
+
+@pytest.fixture(scope="module")
+def venv_with_wheel_and_torch(wheel, tmp_path_factory):
+    """A fresh venv with the wheel installed, and this environment's torch reachable through a
+    .pth that site reads after hangdoc's (the case of a venv made with --system-site-packages)."""
+    where = tmp_path_factory.mktemp("startup")
+    venv_python = _fresh_venv(sys.executable, str(where / "venv"))
+    _install_wheel(venv_python, wheel, str(where))
+    site = _run([venv_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=str(where)).strip()
+    torch_spec = importlib.util.find_spec("torch")
+    if torch_spec is None:
+        pytest.skip("torch is not installed here (pip install torch)")
+    with open(os.path.join(site, "zz-torch-from-the-test-env.pth"), "w") as f:
+        f.write(os.path.dirname(os.path.dirname(torch_spec.origin)) + "\n")
+    return venv_python, site
+
+
+def test_wheel_holds_and_installs_the_startup_pth(wheel, venv_with_wheel_and_torch, tmp_path):
+    import zipfile
+
+    from hangdoc.startup import PTH_LINE, PTH_NAME
+
+    assert zipfile.ZipFile(wheel).read(PTH_NAME).decode() == PTH_LINE
+    venv_python, site = venv_with_wheel_and_torch
+    with open(os.path.join(site, PTH_NAME)) as f:
+        assert f.read() == PTH_LINE
+    # without $HANGDOC the line imports nothing of hangdoc's; a bad value is one line, not a failure
+    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('hangdoc')))"
+    assert _run([venv_python, "-c", probe], cwd=str(tmp_path)).strip() == "[]"
+    script = tmp_path / "ok.py"
+    script.write_text("print('ran')\n")
+    env = _clean_env()
+    env["HANGDOC"] = "--hang-timeout -3"
+    proc = subprocess.run([venv_python, str(script)], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc.stderr
+    assert proc.stderr == "hangdoc: $HANGDOC: --hang-timeout must be positive; the job runs without hangdoc\n"
+
+
+def test_hangdoc_env_under_torchrun_names_the_script_in_the_failure_table(venv_with_wheel_and_torch, tmp_path):
+    from tests.procs import kill_group
+
+    venv_python, _ = venv_with_wheel_and_torch
+    script = tmp_path / "failing_train.py"
+    script.write_text(FAILING)
+    env = _clean_env()
+    env.update(HANGDOC="--record", OMP_NUM_THREADS="1")
+    cmd = [venv_python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1",
+           str(script)]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            universal_newlines=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 1, out[-4000:]
+    # torchrun's table is titled with the script, and shows its traceback (hangdoc's error file)
+    assert re.search(r"^\S*failing_train\.py FAILED$", out, re.M), out[-4000:]
+    assert "hangdoc FAILED" not in out
+    table = out[out.index("Root Cause (first observed failure):"):]
+    assert 'failing_train.py", line 9, in step' in table and "RuntimeError: rank 1 gave up" in table, table
+    # the same runtime as -m hangdoc: output prefixed once, without torch's "[rank1]: "
+    assert re.search(r"^\[[^\]]+:1\] RuntimeError: rank 1 gave up$", out, re.M), out[-4000:]
+    assert "[rank1]:" not in out
+    # the rank took the variable out of its environment: its children are not wrapped again
+    assert re.search(r"^\[[^\]]+:1\] rank 1 sees HANGDOC = None$", out, re.M), out[-4000:]
+    # --record: hangdoc's output directory, with the raising rank's records dumped at its exit
+    out_dir = tmp_path / "hangdoc-out"
+    assert out_dir.is_dir(), out[-4000:]
+    assert glob.glob(str(out_dir / "collectives-*-r1-*.jsonl")), sorted(os.listdir(str(out_dir)))

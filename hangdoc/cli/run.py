@@ -47,16 +47,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no script given: hangdoc [options] script.py [args]")
     if args.script and not os.path.exists(args.script):
         raise UsageError(f"can't open file {args.script!r}: no such file")
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise UsageError("--hang-timeout must be positive")
-    signal_name = None if str(args.dump_signal).lower() in ("none", "", "0") else args.dump_signal
-    if signal_name is not None:
-        from hangdoc.runtime.options import signal_number
-
-        try:
-            signal_number(signal_name)
-        except (AttributeError, ValueError):
-            raise UsageError(f"--dump-signal {signal_name}: no such signal (e.g. SIGUSR1, SIGUSR2, 'none')")
+    options = wrap_options(args)
+    # the job is wrapped by this command line: a $HANGDOC it inherited (hangdoc.startup's opt-in)
+    # must not wrap the script's own child processes a second time
+    os.environ.pop("HANGDOC", None)
     if args.module:
         import importlib.util
 
@@ -102,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     interrupted: list = []
     try:
-        _run_wrapped(wrap, main_with_clean_traceback, args, signal_name)
+        wrap(main_with_clean_traceback, **options)()
     except SystemExit:
         if interrupted:
             _die_by_sigint()
@@ -129,9 +123,29 @@ def _die_by_sigint() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def _run_wrapped(wrap, main_with_clean_traceback, args, signal_name) -> None:
-    wrap(
-        main_with_clean_traceback,
+def wrap_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments of :func:`hangdoc.wrap` that parsed options ask for (shared with
+    :mod:`hangdoc.startup`, so ``HANGDOC="..."`` means what the same options of ``-m hangdoc`` do);
+    raises ``UsageError`` for a value ``wrap`` would refuse inside the job.
+
+        >>> parser = argparse.ArgumentParser(); add_arguments(parser)
+        >>> options = wrap_options(parser.parse_args(["--hang-timeout", "300", "--dump-signal", "none"]))
+        >>> options["hang_timeout"], options["dump_signal"], options["record"]
+        (300.0, None, None)
+    """
+    from hangdoc.cli import UsageError
+
+    if args.hang_timeout is not None and args.hang_timeout <= 0:
+        raise UsageError("--hang-timeout must be positive")
+    signal_name = None if str(args.dump_signal).lower() in ("none", "", "0") else args.dump_signal
+    if signal_name is not None:
+        from hangdoc.runtime.options import signal_number
+
+        try:
+            signal_number(signal_name)
+        except (AttributeError, ValueError):
+            raise UsageError(f"--dump-signal {signal_name}: no such signal (e.g. SIGUSR1, SIGUSR2, 'none')")
+    return dict(
         prefix=args.prefix,
         prefix_template=args.prefix_template,
         trace=args.trace,
@@ -141,7 +155,7 @@ def _run_wrapped(wrap, main_with_clean_traceback, args, signal_name) -> None:
         hang_timeout=args.hang_timeout,
         dump_signal=signal_name,
         detect=(args.detect_policy or "warn") if (args.detect or args.detect_policy) else False,
-    )()
+    )
 
 
 def _strip_wrapper_frames(tb):
@@ -175,7 +189,8 @@ def _record_for_torchelastic(e: BaseException) -> None:
     """Under torchrun, leave the script's exception in the rank's ``TORCHELASTIC_ERROR_FILE``, as
     torch's ``@record`` does, so torchrun's failure table shows the script's traceback and error
     (its title names the launched entrypoint, ``hangdoc`` for ``-m hangdoc``: torchrun builds it from
-    its own command line, out of the rank's reach). A file already there (the script's own
+    its own command line, out of the rank's reach; ``HANGDOC="options" torchrun ... train.py``,
+    :mod:`hangdoc.startup`, keeps ``train.py`` there). A file already there (the script's own
     ``@record``) is kept."""
     import json
     import time
