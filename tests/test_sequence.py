@@ -223,3 +223,20 @@ def test_two_ranks_skipping_the_same_op_are_one_finding_naming_both():
     found = [f for f in record_rules.findings(Report(job=Job(records=make(seqs, last_issued=False))))
              if f.kind == "collective-mismatch"]
     assert len(found) == 1 and sorted(c.rank for c in found[0].culprits) == [5, 6], [f.summary for f in found]
+
+
+def test_ranks_that_skipped_a_new_group_are_the_culprits_even_two_against_two():
+    """new_group must be called by every rank, members or not: with no majority, the side that
+    never makes the other side's call skipped it (examples/bugs/partial_group.py)."""
+    from hangdoc.analysis.sequence import divergences
+    from hangdoc.model import CollectiveRecord as R
+
+    def calls(rank, ops):
+        return [R(rank=rank, seq=i, op=op, shapes=shapes, call_site=f"t.py:{30 + i}:main",
+                  state="completed" if i < len(ops) - 1 else "issued") for i, (op, shapes) in enumerate(ops)]
+
+    ar, pair, world = ("all_reduce", ((8,),)), ("new_group", ((0, 1),)), ("new_group", ((0, 1, 2, 3),))
+    recs = calls(0, [ar, ar, pair, world]) + calls(1, [ar, ar, pair, world]) + calls(2, [ar, ar, world]) + calls(3, [ar, ar, world])
+    [d] = [d for d in divergences(recs, hung=True) if d.group == "default_pg"][:1]
+    assert d.ranks == [2] and d.basis == "contract" and not d.ambiguous and d.expected.shapes == ((0, 1),)
+    assert sorted(r for x in divergences(recs, hung=True) for r in x.ranks) == [2, 3]

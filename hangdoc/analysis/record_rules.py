@@ -156,6 +156,11 @@ def findings(report: Report) -> List[Finding]:
         evidence += _count_lines(records, d.group)
         if d.ambiguous:
             evidence.append("only two sides disagree, so the records alone cannot say which one is wrong")
+        elif d.basis == "contract":
+            evidence.append(f"every rank must call new_group for every group, members or not, in the same order "
+                            f"(torch.distributed's contract): {describe_ranks(d.ranks)} never called this one, so "
+                            f"the groups {'it' if len(d.ranks) == 1 else 'they'} created after it are numbered "
+                            f"differently from the others'")
         elif d.basis == "history":
             evidence.append(f"two sides disagree; {describe_ranks(d.agreeing)} kept the pattern of calls the job "
                             f"repeated before (the loop's period, what followed the previous call, what this call "
@@ -165,7 +170,10 @@ def findings(report: Report) -> List[Finding]:
             f"Look at {sequence.site(where)} on {describe_ranks(d.ranks)}: the ranks of group "
             f"{d.group} must issue the same collectives in the same order with the same shapes, dtypes and roots.",
         ]
-        if d.kind == "missing":
+        if d.basis == "contract":
+            advice = [f"Call new_group at {sequence.site(where)} on every rank, members or not (a rank outside the "
+                      f"group gets GroupMember.NON_GROUP_MEMBER back), and create groups in the same order everywhere."]
+        elif d.kind == "missing":
             advice.append("A rank-dependent condition (if rank == ..., uneven data, an early exit) usually skips it.")
         out.append(Finding(
             kind="collective-mismatch", summary=_headline(d), culprits=_culprits(report, d.ranks),

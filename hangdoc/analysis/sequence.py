@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.model import CollectiveRecord
 # finding text: long rank lists end in "… and N more" (the culprits keep every rank)
@@ -319,7 +319,10 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]], hung: b
                                   (sg == predicted, follows[(prev, sg)], history[(x.call_site, sg)]))
             best = max(fam.values())
             winners = [sg for sg, f in fam.items() if f == best]
-            if len(winners) == 1:
+            skipped = _skipped_creation(tied, here, sigs, pos)
+            if skipped is not None:
+                top, basis = skipped, "contract"
+            elif len(winners) == 1:
                 top, basis = winners[0], "history"
             else:
                 basis = "tie"
@@ -386,6 +389,17 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]], hung: b
                 pos[r] += 1
         column += 1
     return found, streams, lags
+
+
+def _skipped_creation(tied: set, here: Dict[int, Any], sigs: Dict[int, List[Any]], pos: Dict[int, int]) -> Optional[Any]:
+    """Of tied ``new_group`` calls, the one the other side never makes: torch.distributed's contract
+    is that every rank calls new_group for every group, members or not, in one order, so the side
+    without it skipped it (``if rank in (0, 1): new_group([0, 1])``), whatever the count."""
+    if not all(sg[0] == "new_group" for sg in tied):
+        return None
+    rest = {r: set(sigs[r][pos[r]:pos[r] + 256]) for r in here}
+    found = [sg for sg in tied if not any(sg in rest[r] for r, s2 in here.items() if s2 != sg)]
+    return found[0] if len(found) == 1 else None
 
 
 def lags(records: Iterable[CollectiveRecord]) -> List[Lag]:

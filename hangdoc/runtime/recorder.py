@@ -1319,6 +1319,58 @@ def _wrap_batch(fn: Callable) -> Callable:
     return wrapper
 
 
+def _wrap_group_creation(fn: Callable) -> Callable:
+    """``new_group``: every rank of the job must call it, members or not, in the same order, so each
+    call is a record of the default group, its members as the record's one "shape"
+    (``new_group([0,1])``): a rank that skipped a ``new_group`` diverges there, where its later
+    groups' names alone (numbered by creation order) would pair the wrong groups."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rec = None
+        r = _recorder
+        if r is not None:
+            try:
+                rec = _group_creation_record(r, args, kwargs, sys._getframe(1))
+            except Exception as e:
+                _report(e)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            if rec is not None and _recorder is not None:
+                _recorder._complete(rec, "failed")
+            raise
+        if rec is not None and _recorder is not None:
+            _recorder._complete(rec, "completed")
+        _groups.clear()  # a new group: names are learnt again lazily
+        return result
+
+    wrapper.__hangdoc_original__ = fn  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _group_creation_record(r: "Recorder", args: tuple, kwargs: dict, frame: Any) -> Optional[tuple]:
+    info = _group_info(None)
+    if info is None:
+        return None
+    ranks = kwargs.get("ranks", args[0] if args else None)
+    try:
+        members = tuple(sorted(int(x) for x in ranks)) if ranks is not None else info[1]
+    except (TypeError, ValueError):
+        return None
+    hit = _internal_code.get(id(frame.f_code)) or _code_kind(frame.f_code)
+    if hit[1] in (2, 3):  # new_subgroups & co. calling new_group: part of that call
+        return None
+    site = (hit[2].get(frame.f_lasti) or _intern_site(hit, frame.f_lasti)) if not hit[1] else _call_site(frame)
+    if site is _NESTED:
+        return None
+    seq = r._seq.get(info[0], 0)
+    r._seq[info[0]] = seq + 1
+    rec = (seq, "new_group", info, (members,), (), None, None, False, site, None, _phase[0], _time(), None, "issued")
+    r._buf.append(rec)
+    return rec
+
+
 def _wrap_group_maker(fn: Callable) -> Callable:
     """new_group & co: the group registry forgets stale entries (and learns new ones lazily)."""
 
@@ -1465,10 +1517,10 @@ def _patch(c10d: Any, dist: Any) -> None:
         if fn is not None and callable(fn):
             _originals[(dist, name)] = fn
             setattr(dist, name, _wrap(fn, _Spec(op, params)))
-    for name in ("destroy_process_group",):
+    for name in ("destroy_process_group", "new_group"):
         fn = getattr(c10d, name, None)
         if fn is not None:
-            wrapped = _wrap_group_maker(fn)
+            wrapped = _wrap_group_maker(fn) if name == "destroy_process_group" else _wrap_group_creation(fn)
             for mod in modules:
                 if getattr(mod, name, None) is fn:
                     _originals[(mod, name)] = fn
