@@ -54,10 +54,13 @@ def test_truncated_file_keeps_what_is_there(tmp_path):
     job = read_paths([write(tmp_path, "trace-node1.out", data[:cut])])
     assert len(job.processes) == 4
     last = job.processes[-1]
-    assert last.status == STATUS_TRUNCATED and last.pid == 32731
+    # the file was cut, not the process (issue 18): the source is truncated, and a stack of which
+    # nothing but a half frame was read is no stack ("log-only": known, never blamed)
+    assert last.status == "log-only" and last.pid == 32731 and last.meta["cut_off"]
+    assert job.sources[0].truncated
     lines = data[:cut].count(b"\n") + 1
     assert any(e.line == lines and "middle of a line" in e.message for e in job.errors)
-    assert all(p.status != STATUS_TRUNCATED for p in job.processes[:-1])
+    assert all(p.status != STATUS_TRUNCATED for p in job.processes)
 
 
 def test_non_utf8_is_reported_once_with_its_line(tmp_path):

@@ -123,3 +123,54 @@ def test_two_runs_of_a_job_in_one_directory_are_kept_apart(tmp_path):
     assert ranks == [0, 1] and {p.pid for p in job.processes if p.role == "rank"} == {907, 908}
     (warn,) = [e for e in job.errors if e.source == "evidence"]
     assert "2 runs of a job" in warn.message and "kept the newest" in warn.message and "1018" in warn.message
+
+
+def _headline(job):
+    from hangdoc.analysis.diagnose import diagnose
+    from hangdoc.analysis.grouping import build_report
+
+    report = build_report(job, "function+line")
+    report.findings = diagnose(report)
+    return report.findings[0]
+
+
+def test_a_pasted_py_spy_dump_cut_mid_line_is_a_truncated_source_not_an_unresponsive_process(tmp_path):
+    # the paste of issue huggingface/accelerate#3104, cut inside its frames at several places:
+    # once "unresponsive-process: the dump of pid 42 is cut off", pid 42 the culprit
+    with open(os.path.join(FIX, "logs", "launch", "huggingface-accelerate-3104.log"), "rb") as f:
+        data = f.read()
+    whole = _headline(read_paths([os.path.join(FIX, "logs", "launch", "huggingface-accelerate-3104.log")]))
+    for cut in (len(data) - 5, data.index(b"loss_scaler.py") + 5, data.index(b"Thread 928") + 4):
+        path = tmp_path / f"cut{cut}.log"
+        path.write_bytes(data[:cut])
+        job = read_paths([str(path)])
+        assert job.sources[0].truncated, cut
+        assert all(p.status == "ok" for p in job.processes), cut
+        f = _headline(job)
+        assert f.kind == whole.kind and f.kind != "unresponsive-process" and not f.culprits, (cut, f.summary)
+
+
+def test_a_dump_file_cut_mid_line_keeps_its_processes_and_says_the_file_was_cut(tmp_path):
+    # hangdoc dump's file of node1 (two ranks), cut inside the second one's "Python v3.11.7" line and
+    # inside its top frame and its third: the source is truncated, no process is blamed for the cut, and a frame
+    # cut in two is not read (a half function name is no frame)
+    with open(os.path.join(FIX, "dumps", "skip_broadcast", "plain", "trace-node1.out"), "rb") as f:
+        data = f.read()
+    second = data.index(b"Process 12611")
+    for cut, status in ((data.index(b"Python v", second) + 10, "log-only"),
+                        (data.index(b"    all_reduce (", second) + 9, "log-only"),
+                        (data.index(b"    train_step (", second) + 9, "ok")):
+        path = tmp_path / "trace-node1.out"
+        path.write_bytes(data[:cut])
+        job = read_paths([str(path)])
+        assert job.sources[0].truncated
+        assert [(p.pid, p.status) for p in job.processes] == [(12610, "ok"), (12611, status)]
+        assert job.processes[1].meta["cut_off"]
+        assert not any(fr.function in ("all_r", "train") for p in job.processes for t in p.threads for fr in t.frames)
+        f = _headline(job)
+        assert f.kind != "unresponsive-process", f.summary
+        if status == "log-only":  # nothing of its stack was read: it is not blamed
+            assert 12611 not in [c.pid for c in f.culprits], f.summary
+        else:  # its innermost frames were read (py-spy prints them first): the verdict of the whole file
+            whole = _headline(read_paths([os.path.join(FIX, "dumps", "skip_broadcast", "plain", "trace-node1.out")]))
+            assert (f.kind, [c.pid for c in f.culprits]) == (whole.kind, [c.pid for c in whole.culprits])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from hangdoc.model import ROLE_LAUNCHER, ROLE_WORKER, STATUS_OK, STATUS_TRUNCATED, LogEvent, Process, Source, Thread
+from hangdoc.model import ROLE_LAUNCHER, ROLE_WORKER, STATUS_LOG, STATUS_OK, STATUS_UNRESPONSIVE, LogEvent, Process, Source, Thread
 from hangdoc.readers import c10_backtrace as _c10
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers import registry
@@ -128,8 +128,22 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     peeler.learn(_head_lines(path, fileobj))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         lineno = first - 1
+        cut = ctx.cut_off  # set with the file's last block when its last line has no newline
         for line in block:
             lineno += 1
+            if lineno == cut:
+                # a line cut short is no frame: a stack block open in its channel ends before it
+                # (the file is what was cut, not the process: the source is marked truncated below)
+                ident, text = peeler.peel(line)
+                ch = channels.get(ident) if ident != NO_IDENTITY else main
+                if ch is not None and ch.parser is not None:
+                    if readers and kw(text) is not None:
+                        for r in readers:
+                            try:
+                                r.feed(lineno, text, ch.ident)
+                            except Exception as e:
+                                ctx.error(lineno, f"could not read this line ({r.format}): {type(e).__name__}: {e}")
+                    continue
             if msink is not None and line.startswith(mindent):
                 msink.append(line)
                 continue
@@ -178,12 +192,16 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         source.truncated = True
         ctx.error(last, "file ends in the middle of a line (cut off?)")
         if emitted:
+            # a file cut short (a paste, a copy, a full disk) says nothing about the process whose
+            # dump it ends in: the source is truncated, the process keeps what was read of it
             lastp = max((p for _, p in emitted), key=lambda p: p.source_line)
-            # a dump cut short says the dumper (or the process) died while it wrote; a traceback
-            # cut short in a log only says the log was: the file is truncated, not the process
-            if lastp.status == STATUS_OK and lastp.format not in ("traceback", _c10.FORMAT):
-                lastp.status = STATUS_TRUNCATED
-                lastp.status_detail = "the dump ends in the middle of a line"
+            lastp.meta["cut_off"] = "the file ends in the middle of this dump"
+            if (not any(t.frames for t in lastp.threads) and lastp.status in (STATUS_OK, STATUS_UNRESPONSIVE)
+                    and "error" not in lastp.meta):
+                # its header was read, the file ends before its stack: no stack was read, and the
+                # dumper never said it could not take one
+                lastp.status = STATUS_LOG
+                lastp.status_detail = "the file ends before its stack (truncated)"
 
     for ch, lineno, fields in exits:
         # a DataLoader worker or a launcher that exits is no news (workers come and go): only ranks
