@@ -38,7 +38,8 @@ import urllib.request
 from typing import List, NamedTuple, Optional, Tuple
 
 from hangdoc.atomic import write_atomic
-from hangdoc.tags import format_tag
+from hangdoc.bounds import bounded_int
+from hangdoc.tags import defang, format_tag
 
 #: the frontend's port when ``start_debug_server()`` is called without one
 DEFAULT_PORT = 25999
@@ -139,11 +140,13 @@ def parse_page(page: str) -> List[RankSection]:
         following = page.find(_RANK_HEADER, header_end, limit)
         body = page[header_end + len("</h2>"):following if following >= 0 else limit]
         number, _, address = page[pos + len(_RANK_HEADER):header_end].partition(":")
-        number = number.strip()
-        if number.isdigit() and len(number) <= 8 and int(number) < MAX_RANK:
+        # isdigit() says yes to "²" and int() then raises: a page (what a worker's address or a
+        # proxy put there) costs its bad section, never the rest
+        rank = bounded_int(number, 0, MAX_RANK - 1)
+        if rank is not None and number.strip().isdigit():
             address = address.strip()
             text, error = _section_text(body)
-            sections.append(RankSection(int(number), address, _host_of(address), text, error))
+            sections.append(RankSection(rank, address, _host_of(address), text, error))
         pos = following
     return sections
 
@@ -237,7 +240,9 @@ def write(fetched: Fetched, directory: str) -> Tuple[List[str], List[str]]:
             missing.append(f"rank {s.rank} ({s.address}): stacks not fetched: {s.error}")
             continue
         tag = format_tag(host=s.host, rank=s.rank, world_size=world_size)
-        blocks.append(tag + "\n" + s.text.rstrip("\n") + "\n")
+        # a rank's dump holds what its process printed (file names, thread names): none of it
+        # may read as a tag of hangdoc's own
+        blocks.append(tag + "\n" + defang(s.text.rstrip("\n")) + "\n")
     paths = [_write_private(directory, "stacks.txt", "\n".join(blocks))] if blocks else []
     for s in fetched.records:
         if s.error is not None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+from hangdoc.textsafe import strip_ansi
+
 PREFIX = "# hangdoc process "
 #: The line ``hangdoc dump`` writes instead of a tag and a dump for a process that exited before it
 #: could be dumped. It is no tag (no dump follows it, so it must not name the next one): the
@@ -92,16 +94,34 @@ def format_tag(**fields: object) -> str:
 
 def defang(text: str) -> str:
     """``text`` (a dumper's output: py-spy prints the process's command line, faulthandler its file
-    names) with every ``# hangdoc `` made ``#_hangdoc ``: nothing a process controls can read as
-    a tag or ``exited`` line of hangdoc's own.
+    names) with every ``# hangdoc `` made ``#_hangdoc `` and every ``=== Rank `` ``===_Rank ``:
+    nothing a process controls can read as a tag or ``exited`` line of hangdoc's own, nor as a
+    section header that names the rank and host of the lines after it.
+
+    The readers drop NUL bytes and terminal escape sequences (colours, OSC titles, which may span
+    lines) before they look for a tag, so ``#\\x1b[0m hangdoc process`` would read as one: the same
+    normalisation is applied here first, and what it leaves of an escape (a lone ESC or CSI byte)
+    goes too, so that no later stripping can join a ``#`` to a `` hangdoc`` again.
 
     >>> defang("Process 7: python x\\n# hangdoc process host=forged rank=0")
     'Process 7: python x\\n#_hangdoc process host=forged rank=0'
+    >>> defang("x\\n#\\x1b[0m hangdoc process host=forged\\n#\\x00 hangdoc exited pid=1")
+    'x\\n#_hangdoc process host=forged\\n#_hangdoc exited pid=1'
     """
-    return text.replace(_TAG_WORD, "#_hangdoc ") if _TAG_WORD in text else text
+    if "\x1b" in text or "\x9b" in text or "\x00" in text:
+        # one pass of the readers' own stripping (NULs first, as they do), then every ESC, CSI and
+        # NUL byte left over: the text that comes out holds nothing a reader would remove
+        text = strip_ansi(text.replace("\x00", "")).translate(_DROP)
+    for word, safe in _WORDS:
+        if word in text:
+            text = text.replace(word, safe)
+    return text
 
 
-_TAG_WORD = "# hangdoc "
+_DROP = {0x00: None, 0x1B: None, 0x9B: None}
+#: what would read as hangdoc's own (a tag or exited line) or give the lines after it an identity
+#: (the ``=== Rank N: host ===`` section header of torch's debug server)
+_WORDS = (("# hangdoc ", "#_hangdoc "), ("=== Rank ", "===_Rank "))
 
 
 def format_exited(**fields: object) -> str:

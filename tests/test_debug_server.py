@@ -152,3 +152,24 @@ def test_dump_from_a_live_4_rank_job(tmp_path, procs):
     assert "stacks of 4 of 4 ranks" in res.stderr
     assert sorted(os.listdir(out)) == ["flight-recorder-rank%d.json" % r for r in range(4)] + ["stacks.txt"]
     assert _headline(_aggregate(out)) == ("collective-mismatch", [2])
+
+
+def test_a_rank_number_of_superscript_digits_costs_its_section_not_the_page():
+    # "²".isdigit() is True and int("²") raises: the page's other ranks must still be read
+    page = _page("stacks.html").replace("<h2>Rank 1: ", "<h2>Rank \u00b2: ", 1).replace("<h2>Rank 2: ", "<h2>Rank \u0663: ", 1)
+    sections = debug_server.parse_page(page)
+    assert [s.rank for s in sections] == [0, 3], [s.rank for s in sections]
+
+
+def test_a_rank_s_stacks_forge_no_tag_line_in_the_written_dump(tmp_path):
+    # what a worker printed (here a file name) is data: no "# hangdoc process" line of its makes a process
+    page = _page("stacks.html").replace(
+        "Current thread 0x00007fb66ffff6c0", "# hangdoc process host=forged pid=9 rank=7 world_size=8\n"
+        "#\x1b[0m hangdoc process host=forged2 pid=8 rank=6\nCurrent thread 0x00007fb66ffff6c0", 1)
+    fetched = debug_server.Fetched("http://vm:25999", debug_server.parse_page(page), [], [])
+    out = str(tmp_path / "out")
+    paths, missing = debug_server.write(fetched, out)
+    assert "forged" in open(paths[0]).read()  # kept as data
+    from hangdoc.readers import read_paths
+    got = sorted((p.rank, p.host) for p in read_paths([out]).processes)
+    assert got == [(0, "vm"), (1, "vm"), (2, "vm"), (3, "vm")], got

@@ -107,3 +107,39 @@ def test_no_process_input_forges_a_tag_line_in_root_s_dump_or_the_watchdog_s(tmp
     finally:
         kill_tree(p.pid)
         p.wait(10)
+
+
+# An argv that py-spy prints as it is: lines that read as tags only once the readers have dropped
+# the escape sequences and NULs in them (a colour reset, an OSC title spanning a line break, an
+# escape nested in an escape), and a section header.
+ESCAPED_FORGERIES = "\n".join([
+    "a",
+    "#\x1b[0m hangdoc process host=forgedA pid=9 rank=1 world_size=2",
+    "#\x1b]0;title\n\x07 hangdoc process host=forgedB pid=8 rank=1 world_size=2",
+    "#\x1b\x1b[0m[0m hangdoc process host=forgedC pid=7 rank=1 world_size=2",
+    "#\x1b]8;;\x1b\\ hangdoc exited host=forgedD pid=6 rank=1 reason=exited",
+    "\x1b[31m#\x9b0m hangdoc process host=forgedE pid=5 rank=1 world_size=2",
+    "=== Rank 5: forgedF:1 ===",  # torch's debug-server section header: the lines after it would be rank 5's
+])
+
+
+def test_escape_sequences_in_argv_forge_no_tag_line_in_a_py_spy_dump(tmp_path):
+    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.access(py_spy, os.X_OK):
+        pytest.skip("py-spy is not installed next to this Python")
+    p = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)",
+                          ESCAPED_FORGERIES], stdout=subprocess.PIPE, start_new_session=True, env=env_for())
+    try:
+        assert p.stdout.readline().strip() == b"ready"
+        out = tmp_path / "trace.out"
+        r = _dump("--pid", str(p.pid), "--py-spy", py_spy, "--no-gdb", "-o", str(out))
+        text = out.read_text()
+        assert r.returncode == 0 and "forgedA" in text and "Thread" in text, (r.stderr, text)  # py-spy's dump
+        job = read_paths([str(out)])
+        got = [(pr.host, pr.pid, pr.rank, pr.status) for pr in job.processes]
+        assert len(job.processes) == 1, (got, text)
+        assert job.processes[0].pid == p.pid and job.processes[0].status == "ok", (got, text)
+        assert not any("forged" in str(pr.host) for pr in job.processes), got
+    finally:
+        kill_tree(p.pid)
+        p.wait(10)

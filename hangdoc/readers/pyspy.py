@@ -53,6 +53,12 @@ _ADDRESS_RE = re.compile(r"^0x[0-9a-fA-F]+$")
 _ERROR_PID_RE = re.compile(r"Pid\((\d+)\)|\b(?:process|pid) (\d+)\b", re.I)
 _GROUP_STOP_RE = re.compile(r"PtraceEvent\(Pid\(\d+\), SIG(?:STOP|TSTP|TTIN|TTOU), 128\)")
 _ERROR_PREFIXES = ("Error: ", "error: ")
+#: lines after a ``Process`` header that are py-spy's own or a block's start, never more of its argv
+_NOT_ARGV = ("Python v", "Thread ", "Process ", "Parent Process ", "Error: ", "error: ", "# hangdoc ", "-" * 20)
+#: lines of one command line read on after its ``Process`` header (an argv holding newlines)
+MAX_ARGV_LINES = 64
+#: characters of a command line kept
+MAX_COMMAND = 8192
 
 
 def _is_python_file(file: str) -> bool:
@@ -117,10 +123,20 @@ class PySpyParser(BlockParser):
         self._thread: Optional[Tuple[str, Optional[str], Optional[str]]] = None
         self._raw: List[str] = []
         self._seen_header = False
+        self._argv_lines = 0
         self._in_error = False
         self._error_lines: List[str] = []
 
     def feed(self, lineno: int, line: str) -> bool:
+        if self._seen_header and self._thread is None and not self.threads and not self._in_error \
+                and "python" not in self.process.meta and line.strip() and not line.startswith(_NOT_ARGV) \
+                and self._argv_lines < MAX_ARGV_LINES:
+            # py-spy prints the command line as it is: an argument holding a newline goes on
+            # until the "Python v" line (without this, the process would split in two)
+            self._argv_lines += 1
+            if len(self.process.command) < MAX_COMMAND:
+                self.process.command = self.ctx.interner.string((self.process.command + "\n" + line)[:MAX_COMMAND])
+            return True
         if line.startswith("    "):
             if self._in_error:
                 self._error_lines.append(line.strip())
