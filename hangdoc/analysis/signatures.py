@@ -23,6 +23,7 @@ over the ``broadcast`` that implements it), and a plain lock, sleep or I/O wait 
 operation encloses it (a DataLoader's queue wait is a DataLoader wait, not a lock wait).
 
     >>> from hangdoc.model import Frame
+from hangdoc.safeio import open_input, read_bounded
     >>> stack = (Frame("<module>", "train.py", 40), Frame("train_step", "train.py", 12),
     ...          Frame("wrapper", "torch/distributed/c10d_logger.py", 83),
     ...          Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2501))
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.model import Frame
+from hangdoc.safeio import open_input, read_bounded
 
 #: Every category a stack can be in, from most to least specific.
 CATEGORIES = (
@@ -366,6 +368,7 @@ def classify_stack(frames: Sequence[Frame], state: Optional[str] = None) -> Wait
     in something that left no recognisable frame, such as a C call without ``--native``).
 
     >>> from hangdoc.model import Frame
+from hangdoc.safeio import open_input, read_bounded
     >>> s = (Frame("<module>", "train.py", 9), Frame("__next__", "torch/utils/data/dataloader.py", 530),
     ...      Frame("_next_data", "torch/utils/data/dataloader.py", 1207),
     ...      Frame("_get_data", "torch/utils/data/dataloader.py", 1163),
@@ -585,12 +588,15 @@ def in_loop(file: str, line: int) -> Optional[bool]:
     """Whether ``file:line`` sits inside a ``for``/``while`` loop, when the source is readable here.
 
     Returns ``None`` when the file cannot be read or parsed (the usual case for dumps taken on
-    another machine): then nobody knows.
+    another machine): then nobody knows. The name comes from a dump, so it is read as input: a
+    regular file only (a FIFO would block, ``/dev/zero`` never end) and at most
+    :data:`MAX_SOURCE` bytes.
     """
     try:
-        with open(file, encoding="utf-8", errors="replace") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
+        with open_input(file) as fh:
+            source = read_bounded(fh, MAX_SOURCE, "source file")
+        tree = ast.parse(source.decode("utf-8", "replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     found = False
 
@@ -613,5 +619,12 @@ def in_loop(file: str, line: int) -> Optional[bool]:
             elif start is None:
                 visit(child, looped_here)
 
-    visit(tree, False)
+    try:
+        visit(tree, False)
+    except RecursionError:  # a source nested deeper than Python's stack: nobody knows
+        return None
     return found
+
+
+#: the largest source file :func:`in_loop` parses (torch's biggest, a test helper, is 1.4 MB)
+MAX_SOURCE = 4 << 20
