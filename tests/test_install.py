@@ -197,11 +197,13 @@ def test_wheel_holds_and_installs_the_startup_pth(wheel, venv_with_wheel_and_tor
     script = tmp_path / "ok.py"
     script.write_text("print('ran')\n")
     env = _clean_env()
-    env["HANGDOC"] = "--hang-timeout -3"
+    env["HANGDOC"] = "--record --no-such-option"
     proc = subprocess.run([venv_python, str(script)], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "ran\n"), proc.stderr
-    assert proc.stderr == "hangdoc: $HANGDOC: --hang-timeout must be positive; the job runs without hangdoc\n"
+    assert re.fullmatch(r"hangdoc: \$HANGDOC: unrecognized arguments: --no-such-option; the job runs without hangdoc\n",
+                        proc.stderr), proc.stderr
+    assert not (tmp_path / "hangdoc-out").exists()
 
 
 def test_hangdoc_env_under_torchrun_names_the_script_in_the_failure_table(venv_with_wheel_and_torch, tmp_path):
