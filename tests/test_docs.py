@@ -19,8 +19,11 @@ An HTML comment on the line right before a fence says how else to treat a block:
 * ``<!-- slow -->``: run, with a longer time limit (a real job on gloo);
 * ``<!-- file: NAME -->``: not run, written to ``NAME`` in the page's directory for later blocks.
 
-An unmarked block of those languages must run; an unknown marker fails. New pages are picked up
-by the glob, so a page added later is held to the same rule.
+An unmarked block of those languages must run; an unknown marker fails. A block of any other
+language (none, ``text``, ``json``, ...) that holds a command (a ``$ `` line, or a line that starts
+with ``hangdoc SUBCOMMAND``, ``torchrun`` or ``python``, after any ``VAR=value``) must be marked
+illustrative, or be made a block that runs. New pages are picked up by the glob, so a page added
+later is held to the same rules.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ import pytest
 from tests.procs import ROOT, run
 
 RUN_LANGS = ("python", "sh", "bash", "console")
+_SUBCOMMANDS = ("aggregate", "dump", "demo", "run")  # hangdoc.cli.SUBCOMMANDS, checked below
+_ASSIGN = re.compile(r"""^(?:[A-Za-z_]\w*=(?:"[^"]*"|'[^']*'|\S*)\s+)+""")
+_COMMAND = re.compile(r"^(?:hangdoc\s+(?:%s|-[\w-]+)(?:\s|$)|torchrun(?:\s|$)|python[\d.]*\s+\S)" % "|".join(_SUBCOMMANDS))
 TIMEOUT = 60
 SLOW_TIMEOUT = 180
 _FENCE = re.compile(r"^( *)(`{3,})([\w+-]*)\s*$")
@@ -215,6 +221,21 @@ def run_block(block: Block, work: Path, env: dict) -> None:
         )
 
 
+def command_lines(text: str) -> List[str]:
+    """The lines of a block that a reader would type: ``$ ...``, or ``hangdoc SUBCOMMAND``,
+    ``torchrun`` or ``python ...`` at the start of a line, after any ``VAR=value`` assignments.
+
+        >>> command_lines("$ ls\\nHANGDOC='--record' torchrun -m x\\nhangdoc-out/\\nhangdoc aggregate: error\\n")
+        ['$ ls', "HANGDOC='--record' torchrun -m x"]
+    """
+    out = []
+    for line in text.splitlines():
+        bare = line.strip()
+        if bare.startswith("$ ") or _COMMAND.match(_ASSIGN.sub("", bare)):
+            out.append(bare)
+    return out
+
+
 def _runnable(page: str) -> List[Block]:
     return [b for b in blocks(page) if b.lang in RUN_LANGS]
 
@@ -223,6 +244,14 @@ def test_every_runnable_block_is_marked_or_run():
     bad = [f"{b.where}: unknown marker <!-- {b.mark} -->" for p in pages() for b in _runnable(p) if b.mark and not _MARKS.match(b.mark)]
     assert not bad, "\n".join(bad) + "\nknown: <!-- illustrative: why -->, <!-- slow -->, <!-- file: NAME -->"
     assert len(pages()) >= 10
+
+
+def test_every_block_with_a_command_runs_or_is_illustrative():
+    bad = [f"{b.where}: ```{b.lang} block with a command ({command_lines(b.text)[0]!r}): make it a ```bash or "
+           "```console block that runs, or mark it <!-- illustrative: why -->"
+           for p in pages() for b in blocks(p)
+           if b.lang not in RUN_LANGS and not b.mark.startswith("illustrative") and command_lines(b.text)]
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("page", [p for p in pages() if any(not b.mark.startswith("illustrative") for b in _runnable(p))])
@@ -243,6 +272,15 @@ def test_the_harness_reads_marks_and_compares_like_a_reader_would(tmp_path):
     assert matches(["a", "...", "z <…> end"], ["a", "b", "c", "z 12 end"])
     assert matches(["a", "..."], ["a"]) and not matches(["a", "b"], ["a", "c"]) and not matches(["a"], ["a", "b"])
     assert not matches(["advice: Look at skip_broadcast.py:26"], ["advice: Look at skip_broadcast.py:21"])
+    # a command in a block that is neither run nor marked illustrative is found, whatever its language
+    from hangdoc.cli import SUBCOMMANDS
+
+    assert set(_SUBCOMMANDS) == set(SUBCOMMANDS)
+    unmarked = "```\n$ hangdoc aggregate x\n```\n```text\nhangdoc-out/  (a tree)\nhangdoc aggregate: error: no input\n```\n" \
+               "```json\n{\"python\": 3}\n```\n<!-- illustrative: GPUs -->\n```\ntorchrun --nproc-per-node 8 train.py\n```\n" \
+               "```text\n  OUT=/tmp/x python3 bench.py --cpu 1\n```\n"
+    flagged = [(b.line, command_lines(b.text)) for b in _parse("p.md", unmarked) if command_lines(b.text) and not b.mark]
+    assert flagged == [(1, ["$ hangdoc aggregate x"]), (15, ["OUT=/tmp/x python3 bench.py --cpu 1"])]
     for bad in ("illustrative", "illustrative:", "slo", "file:"):  # a reason is required; typos are caught
         assert not _MARKS.match(bad)
     # a stale console block fails with both texts shown
