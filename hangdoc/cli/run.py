@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     record = parser.add_mutually_exclusive_group()
     record.add_argument("--record", dest="record", action="store_true", default=None, help="record every collective call (on with --hang-timeout)")
     record.add_argument("--no-record", dest="record", action="store_false", help="no collective recorder, even with --hang-timeout")
-    parser.add_argument("--hang-timeout", type=float, metavar="S", help="dump every thread's stack after S seconds without progress")
+    parser.add_argument("--hang-timeout", metavar="S", help="dump every thread's stack after S seconds without progress; "
+                        "'auto' (or 'auto:FLOOR') learns the limit from the job's own pauses: 3x the longest so far, "
+                        "at least FLOOR seconds (default 60)")
     parser.add_argument("--dump-signal", default="SIGUSR1", metavar="SIG", help="signal that dumps stacks at once (default SIGUSR1; 'none' for none)")
     parser.add_argument("--detect", action="store_true", help="catch a diverged collective while the job runs: rolling signatures compared through the store (turns the recorder on)")
     parser.add_argument("--detect-policy", choices=("warn", "dump", "abort"), default=None, help="on a divergence: warn (log it, default), dump (also every rank's stacks and records), abort (raise at the next collective); implies --detect")
@@ -135,8 +137,14 @@ def wrap_options(args: argparse.Namespace) -> dict:
     """
     from hangdoc.cli import UsageError
 
-    if args.hang_timeout is not None and args.hang_timeout <= 0:
-        raise UsageError("--hang-timeout must be positive")
+    if args.hang_timeout is not None:
+        from hangdoc.runtime.watchdog import parse_hang_timeout
+
+        try:
+            auto, seconds = parse_hang_timeout(args.hang_timeout)
+        except ValueError:
+            raise UsageError("--hang-timeout must be positive seconds, 'auto' or 'auto:SECONDS'") from None
+        args.hang_timeout = args.hang_timeout.strip() if auto else seconds
     signal_name = None if str(args.dump_signal).lower() in ("none", "", "0") else args.dump_signal
     if signal_name is not None:
         from hangdoc.runtime.options import signal_number

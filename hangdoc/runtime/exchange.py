@@ -445,6 +445,10 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
         except Exception as e:  # the text report and the verdict matter more than the JSON
             say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
     say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, where, reason, stall), ident)
+    if stall:
+        from hangdoc.runtime.retract import remember
+
+        remember(dog, report, text_path)
     return text_path
 
 

@@ -84,6 +84,33 @@ def get() -> Optional["Watchdog"]:
     return _current
 
 
+#: with ``--hang-timeout auto``: a stall is this many times the longest pause seen so far (the
+#: safety factor nvidia-resiliency-ext's estimated timeouts use is of this order)
+AUTO_FACTOR = 3.0
+#: with ``--hang-timeout auto`` and no floor given
+AUTO_FLOOR = 60.0
+
+
+def parse_hang_timeout(value: Union[float, str]) -> Tuple[bool, float]:
+    """``(auto, seconds)`` from ``300``, ``"300"``, ``"auto"`` or ``"auto:30"`` (the floor).
+
+    >>> parse_hang_timeout("auto:8"), parse_hang_timeout("auto"), parse_hang_timeout(300)
+    ((True, 8.0), (True, 60.0), (False, 300.0))
+    """
+    auto = isinstance(value, str) and value.strip().lower().startswith("auto")
+    if auto:
+        rest = str(value).strip()[4:].lstrip(":") or str(AUTO_FLOOR)
+    else:
+        rest = value
+    try:
+        seconds = float(rest)
+    except (TypeError, ValueError):
+        raise ValueError(f"hang_timeout must be seconds, 'auto' or 'auto:SECONDS', got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"hang_timeout must be > 0, got {value!r}")
+    return auto, seconds
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -101,7 +128,7 @@ class Watchdog:
 
     def __init__(
         self,
-        hang_timeout: float,
+        hang_timeout: Union[float, str],
         out_dir: Optional[str] = None,
         signum: Union[int, str, None] = signal.SIGUSR1,
         report: bool = True,
@@ -109,9 +136,13 @@ class Watchdog:
         redump_factor: float = 4.0,
         startup_grace: float = 60.0,
     ) -> None:
-        if not hang_timeout or hang_timeout <= 0:
-            raise ValueError(f"hang_timeout must be > 0, got {hang_timeout!r}")
-        self.hang_timeout = float(hang_timeout)
+        #: ``hang_timeout="auto"`` (or ``"auto:FLOOR"``): the limit is learnt from the job's own pauses
+        self.auto, floor = parse_hang_timeout(hang_timeout)
+        self.hang_timeout = floor
+        #: the longest time between two progress events seen so far (a checkpoint, an evaluation)
+        self.longest_gap = 0.0
+        #: what the last stall report said, until progress retracts it (hangdoc.runtime.retract)
+        self.reported: Optional[Dict[str, Any]] = None
         from hangdoc.runtime.options import output_dir
 
         self.out_dir = output_dir(out_dir, create=False)
@@ -274,11 +305,13 @@ class Watchdog:
                 # the recorder knows the completion time more precisely than our polling does
                 self.last_progress_wall -= now - rec_last
                 self.last_progress = rec_last
+            if self._armed:
+                self.longest_gap = max(self.longest_gap, self.last_progress - previous)
             self._armed = True
             if self._stalled:
                 self._stalled = False
                 _say("hangdoc watchdog: progress again after %.1fs; the stall is over" % (now - previous))
-                self._recovered()
+                self._recovered(now - previous)
         for step in (self._check_signal_file, self._check_displaced):
             try:  # a signal-file problem must never keep the stall check below from running
                 step()
@@ -291,7 +324,7 @@ class Watchdog:
 
             exchange.prepare()
             self._store_ready = exchange.prepared()
-        limit = self.hang_timeout if self._armed else self.startup_grace
+        limit = self.limit() if self._armed else self.startup_grace
         if not self._stalled and now - self.last_progress >= limit:
             self._stalled = True
             self.stalls += 1
@@ -304,6 +337,13 @@ class Watchdog:
             self._next_dump = self.last_progress + self.redump_factor * waited
             self._on_stall("still no progress after %.1fs" % waited)
 
+    def limit(self) -> float:
+        """Seconds without progress that make a stall: ``hang_timeout``, or with ``auto``
+        ``AUTO_FACTOR`` times the longest pause the job made so far, never below the floor."""
+        if self.auto:
+            return max(self.hang_timeout, AUTO_FACTOR * self.longest_gap)
+        return self.hang_timeout
+
     def _on_stall(self, reason: str) -> None:
         paths = self.dump_now(reason)
         if self.report:  # written or not: the dump is in last_files
@@ -311,12 +351,13 @@ class Watchdog:
 
             exchange.share(self, paths, reason)
 
-    def _recovered(self) -> None:
+    def _recovered(self, waited: float) -> None:
         if self.report:
             try:
-                from hangdoc.runtime import exchange
+                from hangdoc.runtime import exchange, retract
 
                 exchange.withdraw(self)
+                retract.retract(self, waited, exchange.say)
             except Exception:
                 pass
 
@@ -426,6 +467,8 @@ def _remove_stale_signal_files(limit: int = 2000) -> None:
     like a signal file would keep this thread, the watchdog, in ``open`` for ever) or follow a link."""
     import stat
 
+    from hangdoc.bounds import MAX_PID, bounded_int
+
     paths = []
     try:
         with os.scandir(tempfile.gettempdir()) as entries:
@@ -439,7 +482,8 @@ def _remove_stale_signal_files(limit: int = 2000) -> None:
     me = os.geteuid()
     for path in paths:
         parts = os.path.basename(path)[len(SIGNAL_FILE_PREFIX):].split("-")
-        pid = next((int(x) for x in parts if x.isdigit() and len(x) <= 10), None)
+        # isdigit() says yes to "²" and int() then raises: anyone's file name must not end the sweep
+        pid = next((v for v in (bounded_int(x, 1, MAX_PID) for x in parts if x.isdigit()) if v is not None), None)
         if pid is None or pid == os.getpid():
             continue
         try:
@@ -542,7 +586,7 @@ def _say(message: str) -> None:
 
 
 def start(
-    hang_timeout: float,
+    hang_timeout: Union[float, str],
     out_dir: Optional[str] = None,
     signum: Union[int, str, None] = signal.SIGUSR1,
     report: bool = True,
