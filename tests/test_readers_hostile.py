@@ -335,3 +335,17 @@ def test_a_stack_of_ten_thousand_worker_loop_frames_is_diagnosed_in_linear_time(
     assert time.process_time() - t < 2
     assert "failed" not in capsys.readouterr().err
     assert report.findings
+
+
+def test_a_5000_digit_thread_id_in_a_collapsed_py_spy_listing_costs_that_pid_not_the_block():
+    # int() of 5,000 digits raises (Python's 4,300-digit limit): the block's other processes went with it
+    from hangdoc.readers import read_text
+
+    huge = "9" * 5000
+    job = read_text(f'Thread {huge} (idle): "MainThread"\nThread 4102 (idle): "MainThread"\n'
+                    '    all_reduce (torch/distributed/distributed_c10d.py:2501)\n    main (train.py:40)\n'
+                    'Thread 4103 (idle): "MainThread"\n    broadcast (torch/distributed/distributed_c10d.py:2100)\n'
+                    '    main (train.py:38)\n')
+    assert not job.errors, job.errors
+    tops = sorted((p.pid or 0, p.main_thread.top.function) for p in job.processes)
+    assert tops == [(0, "all_reduce"), (4102, "all_reduce"), (4103, "broadcast")], tops

@@ -51,3 +51,58 @@ def test_a_fifo_named_like_a_signal_file_does_not_stop_the_watchdog(tmp_path):
         assert os.path.exists(fifo)  # not ours: left alone
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def _stale_files(d, n):
+    pid = _free_pid()
+    names = []
+    for i in range(n):
+        name = os.path.join(d, f"hangdoc-signal-{pid}-SIGUSR1-old{i}.txt")
+        with open(name, "w") as f:
+            f.write("stale\n")
+        names.append(name)
+    return names
+
+
+def test_a_signal_file_named_with_a_superscript_digit_does_not_end_the_sweep(tmp_path, monkeypatch):
+    # "²".isdigit() is True and int("²") raises ValueError: the sweep used to end at that file,
+    # leaving every stale file after it (in directory order) for ever
+    from hangdoc.runtime import watchdog
+
+    d = tmp_path / "tmp"
+    d.mkdir()
+    odd = [str(d / "hangdoc-signal-\u00b2-SIGUSR1-x.txt"), str(d / ("hangdoc-signal-" + "9" * 200 + "-SIGUSR1-y.txt"))]
+    for name in odd:
+        open(name, "w").close()
+    stale = _stale_files(str(d), 5)
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    watchdog._remove_stale_signal_files()
+    assert not any(os.path.exists(p) for p in stale)
+    assert all(os.path.exists(p) for p in odd)  # no pid: left alone
+
+
+def test_the_watchdog_s_own_sweep_gets_past_a_superscript_signal_file(tmp_path):
+    shared = tempfile.mkdtemp(prefix="hangdoc-tmp-")
+    try:
+        open(os.path.join(shared, "hangdoc-signal-\u00b2-SIGUSR1-x.txt"), "w").close()
+        stale = _stale_files(shared, 40)  # the odd file first in directory order or not: all go
+        out = str(tmp_path / "out")
+        code = textwrap.dedent(f"""
+            import os, sys, time
+            sys.path.insert(0, {ROOT!r})
+            from hangdoc.runtime import watchdog
+            watchdog.start(600, out_dir={out!r}, record=False, report=False)
+            for _ in range(100):
+                time.sleep(0.1)
+                if not any("-old" in n for n in os.listdir({shared!r})):
+                    print("swept", flush=True)
+                    break
+            else:
+                print("left", sorted(n for n in os.listdir({shared!r}) if "-old" in n)[:3], flush=True)
+            """)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=env_for({"TMPDIR": shared}))
+        assert res.stdout.strip() == "swept", res.stdout + res.stderr
+        assert not any(os.path.exists(p) for p in stale)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -306,7 +306,9 @@ class PySpyParser(BlockParser):
         someone collapsed by hand, one header per process (a process has one main thread)."""
         for t in _collapsed(self.threads):
             p = Process(format=FORMAT, source_line=self.process.source_line)
-            p.pid = int(t.ident) if t.ident.isdigit() else None
+            # a 5,000-digit (or "²") thread id is no pid: int() raised and the block's other
+            # processes were lost with it
+            p.pid = bounded_int(t.ident, 0, MAX_PID) if t.ident.isdigit() else None
             p.threads = [Thread(ident=t.ident, name=t.name, frames=t.frames, state=t.state, is_main=True)]
             p.meta["collapsed"] = True
             self._done.append(p)
