@@ -148,3 +148,34 @@ def test_nicertrace_never_appends_through_a_symlink_at_its_trace_file(tmp_path):
         tracer.start()
     tracer.stop()
     assert not victim.exists()
+
+
+def test_nicertrace_never_appends_to_another_user_s_file_at_its_trace_name():
+    # a regular file, writable by all, that another user planted at this process's trace name in a
+    # shared output directory: appending there would write our trace into their file
+    uid, gid, as_attacker = attacker()
+    out = tempfile.mkdtemp(prefix="hangdoc-shared-out-")  # pytest's tmp_path is root's alone
+    os.chmod(out, 0o1777)
+    try:
+        _planted_trace_file_is_refused(out, uid, as_attacker)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _planted_trace_file_is_refused(out, uid, as_attacker):
+    from hangdoc.runtime import options
+    from hangdoc.runtime.nicertrace import NicerTrace
+
+    planted = options.file_path("trace", out)
+    made = subprocess.run(as_attacker + [sys.executable, "-c",
+                                         f"import os; fd = os.open({planted!r}, os.O_WRONLY | os.O_CREAT, 0o666); "
+                                         "os.fchmod(fd, 0o666); os.write(fd, b'theirs\\n')"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert os.stat(planted).st_uid == uid
+    tracer = NicerTrace(packages_to_include=None, out_dir=out)
+    with pytest.raises(OSError, match="owned by uid"):
+        tracer.start()
+    tracer.stop()
+    with open(planted) as f:
+        assert f.read() == "theirs\n"

@@ -109,3 +109,33 @@ def test_the_store_s_host_dead_gives_the_verdict_from_files_at_the_first_dump(tm
     assert float(re.search(r"no progress for ([\d.]+)s", hang[0]).group(1)) < 6.0, job.log
     assert any("culprit: rank 1" in line for line in job.lines), job.log
     assert not any("report failed" in line for line in job.lines), job.log
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """An existing output directory on a file system mounted read-only (root writes through a mode
+    of 0555, not through a read-only mount)."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("a read-only file system is made with mount -t tmpfs, which needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"mount -t tmpfs not allowed here: {r.stderr.strip()}")
+    try:
+        (mnt / "out").mkdir()
+        r = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"remount,ro not allowed here: {r.stderr.strip()}")
+        with pytest.raises(OSError):
+            (mnt / "out" / "probe").write_text("x")
+        yield str(mnt / "out")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_read_only_output_directory_still_gives_the_verdict(tmp_path, read_only_dir):
+    job = _verdict(tmp_path, read_only_dir)
+    assert any("kept in memory for the report" in line or "running without files" in line for line in job.lines), job.log
+    assert not any("Traceback" in line or "OSError" in line for line in job.before_stop), job.log
+    assert os.listdir(read_only_dir) == []
