@@ -24,7 +24,7 @@ FIX = os.path.join(HERE, "fixtures")
 
 def _fixtures():
     out = []
-    for d in ("logs/nccl", "logs/launch"):
+    for d in ("logs/nccl", "logs/launch", "logs/captured"):
         base = os.path.join(FIX, d)
         out += sorted(os.path.join(base, n) for n in os.listdir(base) if n.endswith(".log"))
     out += [os.path.join(FIX, "gpu", s, "log.txt") for s in ("nccl_skip_broadcast", "nccl_dataloader_deadlock",

@@ -174,3 +174,30 @@ def test_a_dump_file_cut_mid_line_keeps_its_processes_and_says_the_file_was_cut(
         else:  # its innermost frames were read (py-spy prints them first): the verdict of the whole file
             whole = _headline(read_paths([os.path.join(FIX, "dumps", "skip_broadcast", "plain", "trace-node1.out")]))
             assert (f.kind, [c.pid for c in f.culprits]) == (whole.kind, [c.pid for c in whole.culprits])
+
+
+def test_the_world_size_a_log_states():
+    # verbatim lines of the fixtures: torchrun's args (two nodes of two), NCCL's communicator
+    # (8 ranks), a command line with no --nnodes (one node); a node range says nothing
+    from hangdoc.analysis.log_rules import stated_world_size
+
+    def ws(path):
+        return stated_world_size(read_paths([os.path.join(FIX, "logs", path)]).events)
+
+    assert ws("launch/pytorch-pytorch-64926.log") == 4
+    assert ws("launch/vllm-project-vllm-6732-17.log") == 8
+    assert ws("captured/nccl-h100x4-slow_checkpoint.log") == 4
+    assert ws("nccl/aioz-ai-GCD-6.log") is None
+    assert stated_world_size(read_text("$ torchrun --nnodes=1:4 --nproc-per-node 8 train.py\n").events) is None
+    assert stated_world_size(read_text("$ torchrun --nproc_per_node=gpu train.py\n").events) is None
+    assert stated_world_size(read_text("  global_world_sizes=[16, 16, 16, 16]\n").events) == 16
+
+
+def test_a_silent_rank_is_named_when_the_log_states_the_world_size():
+    # the captured NCCL run: ranks 1-3 time out at SeqNum 1, rank 0 (in its checkpoint) says nothing,
+    # torchrun's command line says 4 ranks; once "collective-wait" with no culprit
+    job = read_paths([os.path.join(FIX, "logs", "captured", "nccl-h100x4-slow_checkpoint.log")])
+    f = _headline(job)
+    assert (f.kind, [c.rank for c in f.culprits]) == ("missing-rank", [0]), f.summary
+    assert any("world size 4 from" in line and "--nproc-per-node 4" in line for line in f.evidence)
+    assert job.world_size is None  # stated by a log: the log rules use it, no dump is expected per rank

@@ -97,6 +97,29 @@ def _minority(sides: Dict[object, List[int]]) -> Tuple[List[int], bool]:
     return sorted(r for v in sides.values() if v is not big for r in v), True
 
 
+def stated_world_size(events: Iterable[LogEvent]) -> Optional[int]:
+    """The largest world size a log states (``world-size`` events; fr_trace's ``world size`` of the
+    default group), or None. Only the log rules use it: a rank with no dump is no news in a log.
+
+    >>> from hangdoc.readers import read_text
+    >>> stated_world_size(read_text("$ torchrun --nproc-per-node 4 train.py\\n").events)
+    4
+    """
+    return _stated(events)[0]
+
+
+def _stated(events: Iterable[LogEvent]) -> Tuple[Optional[int], Optional[LogEvent]]:
+    best: Tuple[Optional[int], Optional[LogEvent]] = (None, None)
+    for e in events:
+        ws = e.fields.get("world_size")
+        if type(ws) is not int:
+            continue
+        if e.kind == "world-size" or (e.kind == "missing" and "default_pg" in str(e.fields.get("group") or "")):
+            if best[0] is None or ws > best[0]:
+                best = (ws, e)
+    return best
+
+
 def findings(report: Report) -> List[Finding]:
     events = list(report.job.events)
     if not events:
@@ -349,7 +372,9 @@ def _one_group(g: Optional[str], tos: List[LogEvent], states: List[LogEvent], ev
                             0.8 if majority else 0.55)]
     # 4. all at one collective: a silent rank is the suspect when the world is known
     seq = next(iter(positions))
-    ws = report.job.world_size
+    ws, said = report.job.world_size, None
+    if ws is None:
+        ws, said = _stated(events)
     silent: List[int] = []
     if ws is not None and ws <= (1 << 20) and g in (None, "default_pg"):
         seen = set(pos)
@@ -357,7 +382,10 @@ def _one_group(g: Optional[str], tos: List[LogEvent], states: List[LogEvent], ev
             silent = [r for r in range(ws) if r not in seen][:64]
     if silent:
         lines = [f"{_who(sorted(pos))} timed out at SeqNum {seq}" + _op_of(pos, sorted(pos)),
-                 f"the job has {ws} ranks; {_who(silent)} reported no timeout"] + [_cite(pos[r][3]) for r in sorted(pos)[:1]]
+                 f"the job has {ws} ranks; {_who(silent)} reported no timeout"]
+        if said is not None:
+            lines.append(f"world size {ws} from {_cite(said)}")
+        lines += [_cite(pos[r][3]) for r in sorted(pos)[:1]]
         return [Finding("missing-rank",
                         f"{_who(silent)} reported no timeout while every other rank timed out at SeqNum {seq}: "
                         f"{'it' if len(silent) == 1 else 'they'} likely never reached that collective",

@@ -143,15 +143,21 @@ def read_file(path: str, named: bool, job: Job, interner: Interner) -> Optional[
         source.errors.append(ParseError(path, 0, f"cannot read: {e.strerror or e}"))
         return source
     procs, events = read_stream(path, source, interner, f)
-    if not procs and not events and not named:
+    # a world size alone (a torchrun command line) is context for other files, no evidence of a hang
+    evidence = any(e.kind not in _CONTEXT_EVENTS for e in events)
+    if not procs and not evidence and not named:
         return None  # a walked file that only looked like evidence (a log that mentions "Thread ")
     source.processes = len(procs)
     job.processes.extend(procs)
     job.events.extend(events)
-    if not procs and not events:
+    if not procs and not evidence:
         source.errors.append(ParseError(path, 1 if head else 0,
                                         "no stack dump or log event found" if head else "empty file"))
     return source
+
+
+#: log events that describe the job rather than a hang (world_log's)
+_CONTEXT_EVENTS = ("world-size",)
 
 
 def _call_reader(module, path: str, source: Source, follow: bool = True) -> List[CollectiveRecord]:

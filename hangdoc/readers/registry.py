@@ -137,6 +137,7 @@ ANCHORS: Tuple[bytes, ...] = (
     b"hread", b"rocess", b"Traceback", b'File "', b"rror", b"atchdog", b"Stack", b"=== Rank", b"frame #",
     b"# hangdoc", b"by peer", b"Timed out", b"ssertion", b"joining collective", b"illegal memory",
     b"xception", b"Interrupt", b"Failures:", b"Root Cause", b"by PID", b'"divergence"',
+    b"nproc", b"world_sizes", b"NCCL INFO",  # world_log's statements of the world size
 )
 
 
