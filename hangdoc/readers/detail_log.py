@@ -24,6 +24,9 @@ from hangdoc.readers._logbase import Identity, LineReader, number
 
 FORMAT = "detail"
 KEYWORDS = ("Detected mismatch between collectives", "monitoredBarrier", "Error when verifying shape tensors")
+#: keywords with no anchor of their own (registry.ANCHORS), and the anchor their lines carry: DETAIL's
+#: errors are raised exceptions ("RuntimeError: ", "DistBackendError: ")
+LINE_ANCHORS = {"Detected mismatch between collectives": "rror", "monitoredBarrier": "rror"}
 
 _SIDE_RE = re.compile(r"Rank (\d{1,9}) is running (?:inconsistent )?collective: CollectiveFingerPrint\(")
 _FIELD_RES = {

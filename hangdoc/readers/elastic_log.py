@@ -47,6 +47,12 @@ from hangdoc.readers._logbase import Identity, LineReader, line_time, number
 
 FORMAT = "torchelastic"
 KEYWORDS = ("ChildFailedError", "Failures:", "Root Cause", "failed (exitcode", "received by PID", "closing signal", "]:")
+#: keywords with no anchor of their own (registry.ANCHORS), and the anchor their lines carry: the
+#: agent logs them as torch.distributed.elastic.multiprocessing.api ("multip*rocess*ing")
+LINE_ANCHORS = {"failed (exitcode": "rocess", "closing signal": "rocess"}
+#: keywords read only inside a failure table that an anchored line opened ("Failures:", "Root
+#: Cause"): the reader is active there, so no stretch of it is skipped
+INNER_KEYWORDS = ("]:",)
 
 #: lines of one entry's traceback kept
 MAX_TB_LINES = 400

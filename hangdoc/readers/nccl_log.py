@@ -31,9 +31,14 @@ from typing import Optional, Tuple
 from hangdoc.readers._logbase import Identity, LineReader, number
 
 FORMAT = "nccl-watchdog"
-KEYWORDS = ("Watchdog caught", "last enqueued", "Last enqueued", "dump signal", "global timeout", "got stuck",
+KEYWORDS = ("Watchdog caught", "last enqueued", "Last enqueued", "dump signal", "global timeout", "watchdog got stuck",
             "Heartbeat monitor", "watchdog at work", "Stack trace of the failed collective",
             "terminated with exception")
+#: keywords with no anchor of their own (registry.ANCHORS), and the anchor their lines carry: torch
+#: prints them through glog with "ProcessGroupNCCL.cpp" in the head (a hard-wrapped line's rest is
+#: read while the reader waits for it, active)
+LINE_ANCHORS = {"last enqueued": "rocess", "Last enqueued": "rocess", "dump signal": "rocess",
+                "global timeout": "rocess", "Heartbeat monitor": "rocess"}
 
 #: frames kept of a failed collective's stack
 MAX_FRAMES = 128
