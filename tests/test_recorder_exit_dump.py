@@ -58,12 +58,14 @@ def test_the_early_rank_writes_its_tail_and_each_groups_last_call(early_exit):
     (path,) = glob.glob(os.path.join(early_exit, "collectives-*-r1-*.jsonl"))
     header, recs = _read(path)
     assert header["tail"] == 50
-    assert header["dropped"] == 301 - 51
+    # 302 records (new_group([0, 1]) is one, of its own sequence): the tail and each other sequence's last
+    assert header["dropped"] == 302 - 52
     default = [r for r in recs if r["group"] == "default_pg"]
-    side = [r for r in recs if r["group"] != "default_pg"]
+    side = [r for r in recs if r["group"] not in ("default_pg", "new_group")]
+    assert [(r["op"], r["seq"]) for r in recs if r["group"] == "new_group"] == [("new_group", 0)]
     assert [r["seq"] for r in default] == list(range(250, 300))
     assert len(side) == 1 and side[0]["seq"] == 0
-    assert recs[0] is side[0]  # buffer order: the older record first
+    assert recs[1] is side[0]  # buffer order: the older records first (new_group, then the side group's)
     assert all(r["state"] == "completed" for r in recs)
 
 

@@ -254,12 +254,12 @@ def test_a_collective_torch_issues_inside_a_recorded_one_is_not_a_call_of_its_ow
     assert got == [("broadcast", 0, "test_recorder_unit.py"), ("all_reduce", 1, "test_recorder_unit.py")]
 
 
-def test_new_group_is_a_record_of_the_default_group_with_its_members(rec):
+def test_new_group_is_a_record_of_its_own_sequence_with_its_members(rec):
     dist.all_reduce(torch.ones(1))
     dist.new_group([0])
     dist.barrier()
     got = [(x.op, x.group, x.seq, x.shapes, x.state, os.path.basename(x.call_site.rsplit(":", 2)[0]))
            for x in rec.records()]
     assert got == [("all_reduce", "default_pg", 0, ((1,),), "completed", "test_recorder_unit.py"),
-                   ("new_group", "default_pg", 1, ((0,),), "completed", "test_recorder_unit.py"),
-                   ("barrier", "default_pg", 2, (), "completed", "test_recorder_unit.py")]
+                   ("new_group", "new_group", 0, ((0,),), "completed", "test_recorder_unit.py"),
+                   ("barrier", "default_pg", 1, (), "completed", "test_recorder_unit.py")]

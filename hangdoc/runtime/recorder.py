@@ -1319,11 +1319,17 @@ def _wrap_batch(fn: Callable) -> Callable:
     return wrapper
 
 
+#: the sequence of new_group calls (see _wrap_group_creation)
+CREATION_GROUP = "new_group"
+_CREATION_INFO: Dict[Tuple[int, ...], Tuple[str, Tuple[int, ...]]] = {}
+
+
 def _wrap_group_creation(fn: Callable) -> Callable:
     """``new_group``: every rank of the job must call it, members or not, in the same order, so each
-    call is a record of the default group, its members as the record's one "shape"
-    (``new_group([0,1])``): a rank that skipped a ``new_group`` diverges there, where its later
-    groups' names alone (numbered by creation order) would pair the wrong groups."""
+    call is a record of its own sequence, group ``CREATION_GROUP`` (all ranks; the default group's
+    collective numbers stay those of NCCL and Flight Recorder), its members as the record's one
+    "shape" (``new_group([0,1])``): a rank that skipped a ``new_group`` diverges there, where its
+    later groups' names alone (numbered by creation order) would pair the wrong groups."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -1350,9 +1356,12 @@ def _wrap_group_creation(fn: Callable) -> Callable:
 
 
 def _group_creation_record(r: "Recorder", args: tuple, kwargs: dict, frame: Any) -> Optional[tuple]:
-    info = _group_info(None)
-    if info is None:
+    world = _group_info(None)
+    if world is None:
         return None
+    info = _CREATION_INFO.get(world[1])
+    if info is None:
+        info = _CREATION_INFO[world[1]] = (CREATION_GROUP, world[1])
     ranks = kwargs.get("ranks", args[0] if args else None)
     try:
         members = tuple(sorted(int(x) for x in ranks)) if ranks is not None else info[1]
@@ -1497,6 +1506,9 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     if _STREAMS and _CUDA_COMPLETION == "work":  # streams seen by an earlier enable(): no first sight again
         _install_wait()
     atexit.register(_dump_at_exit)
+    from hangdoc.runtime import on_term
+
+    on_term.install(_dump_at_exit)  # a launcher's SIGTERM to a rank stuck in a collective
     return rec
 
 
@@ -1582,6 +1594,9 @@ def disable() -> None:
     _capture[:] = [None, 0, None]
     try:
         atexit.unregister(_dump_at_exit)
+        from hangdoc.runtime import on_term
+
+        on_term.uninstall(_dump_at_exit)
     except Exception:
         pass
     _recorder = None
