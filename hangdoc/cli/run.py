@@ -94,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
             e.with_traceback(_strip_wrapper_frames(e.__traceback__))
             _excepthook()(type(e), e, e.__traceback__)
             _record_for_torchelastic(e)
+            from hangdoc.runtime import watchdog
+
+            dog = watchdog.get()
+            if dog is not None:  # the others will wait for this rank: tell their report why
+                dog.raised(e)
             raise SystemExit(1) from None
 
     interrupted: list = []

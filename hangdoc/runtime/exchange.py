@@ -258,6 +258,22 @@ def share(dog: Any, paths: Sequence[str], reason: str, stall: bool = True) -> Op
         return None
 
 
+def post(dog: Any, reason: str) -> None:
+    """Put this rank's last dump into the store without reporting: a rank whose main function
+    raised leaves it there for whichever rank reports the stall that follows. Never raises."""
+    from hangdoc.runtime.identity import identity
+
+    store = job_store()
+    if store is None:
+        return
+    ident = identity()
+    entry = make_entry(getattr(dog, "last_paths", ()), ident, reason, dog.last_progress_wall, getattr(dog, "last_files", None))
+    try:
+        bounded_op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
+    except Exception as e:
+        say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); the exception is in {dog.out_dir}")
+
+
 def withdraw(dog: Any) -> None:
     """This rank progresses again: its entry no longer describes a stall."""
     store = job_store()

@@ -390,6 +390,24 @@ class Watchdog:
         """
         return self._write_dump(reason, None)
 
+    def raised(self, exc: BaseException) -> None:
+        """The job's main function raised: dump the traceback with the records and post it to the
+        job's store, so that the report of the stall this leaves the other ranks in names this rank
+        and its exception (a non-daemon thread may keep the process alive, or it may never post
+        again). Never raises."""
+        import traceback
+
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            reason = f"raised {type(exc).__name__}"
+            self._write_dump(reason, text + "\n" + _faulthandler_text())
+            if self.report:
+                from hangdoc.runtime import exchange
+
+                exchange.post(self, reason)
+        except Exception as e:
+            _say(f"hangdoc watchdog: could not post the exception: {type(e).__name__}: {e}")
+
     def _write_dump(self, reason: str, traceback_text: Optional[str]) -> Tuple[str, ...]:
         """Take the dump (stacks, records) into :attr:`last_files`, then write it; returns the paths
         written. A file that cannot be written (a full disk, an output directory that is read-only

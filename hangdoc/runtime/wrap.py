@@ -273,6 +273,10 @@ def wrap(
             result = main(*args, **kwargs)
             ok = True
             return result
+        except Exception as e:
+            if helpers.watchdog is not None:  # the others will wait for this rank: tell their report why
+                helpers.watchdog.raised(e)
+            raise
         finally:
             helpers.stop(restore_prefix=ok)
 
