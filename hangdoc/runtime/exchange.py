@@ -447,6 +447,14 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
         job = read_paths(paths + more)
     if job.world_size is None or job.world_size < world:
         job.world_size = world
+    try:  # a rank that posted nothing may be stopped or stuck on this node: say so, not "missing"
+        from hangdoc.runtime.siblings import unanswered, write_status
+
+        silent = unanswered(sorted(set(range(min(world, 1 << 16))) - set(entries)), ident.host)
+        job.processes.extend(silent)
+        write_status(dog.out_dir, silent)  # for a later aggregate of the output directory
+    except Exception:
+        pass
     report = analyse(job)
     text_path: Optional[str] = os.path.join(dog.out_dir, "report.txt")
     where = text_path
