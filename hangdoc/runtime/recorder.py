@@ -1509,6 +1509,9 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     from hangdoc.runtime import on_term
 
     on_term.install(_dump_at_exit)  # a launcher's SIGTERM to a rank stuck in a collective
+    # what a dump imports, imported now: an exit dump on the SIGTERM thread while the main thread
+    # imports too read a half-initialised module ("cannot import name 'CollectiveRecord'")
+    import hangdoc.model  # noqa: F401
     return rec
 
 
