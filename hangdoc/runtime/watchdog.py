@@ -405,7 +405,11 @@ class Watchdog:
         try:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             reason = f"raised {type(exc).__name__}"
-            self._write_dump(reason, text + "\n" + _faulthandler_text())
+            from hangdoc.runtime.identity import identity
+
+            # the traceback, then the threads as a block of their own under the same tag line (a
+            # traceback and a thread dump run together read as two processes)
+            self._write_dump(reason, text + "\n" + _tag_line(identity(), reason, self) + "\n" + _faulthandler_text())
             if self.report:
                 from hangdoc.runtime import exchange
 
