@@ -309,6 +309,9 @@ class Finding:
     #: supporting lines a terse report leaves out (``-v`` shows them): every rank's pending call,
     #: what another rule alone said, why an explanation does not hold. JSON has them as ``detail``.
     detail: List[str] = field(default_factory=list)
+    #: processes one of which is to blame, where the evidence cannot say which (``culprits`` then
+    #: holds only those it can name, often none): named, never blamed.
+    candidates: List[Culprit] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.kind not in FINDING_KINDS:
@@ -323,6 +326,7 @@ class Finding:
             "advice": list(self.advice),
             "confidence": round(self.confidence, 3),
             "detail": list(self.detail),
+            "candidates": [c.to_json() for c in self.candidates],
         }
 
 

@@ -110,11 +110,12 @@ def test_nccl_dataloader_deadlock_on_gpu():
 
 
 @pytest.mark.parametrize("kind", kinds_present("skip_broadcast") + ["gdb"])
-def test_skip_broadcast_gloo_blames_the_ranks_that_moved_on(kind):
-    # rank 2 skipped the broadcast; root rank 0 waits in it, 1 and 3 received and moved on (gloo)
+def test_skip_broadcast_gloo_names_the_ranks_that_moved_on_as_candidates(kind):
+    # rank 2 skipped the broadcast; root rank 0 waits in it, 1 and 3 received and moved on (gloo):
+    # one of them is to blame, stacks cannot say which
     f = headline(os.path.join(DUMPS, "skip_broadcast", kind), rank_map("skip_broadcast"))
     assert f.kind == "collective-mismatch"
-    assert culprit_ranks(f) == {1, 2, 3}
+    assert culprit_ranks(f) == set() and {c.rank for c in f.candidates} == {1, 2, 3}
     assert any("gloo" in e for e in f.detail) and any("record" in a for a in f.advice)
 
 

@@ -199,6 +199,8 @@ def _fold(head: Finding, other: Finding, origin: str) -> None:
     note = f"the {origin} alone said: {other.summary}"
     if head.kind in _ADDITIVE:
         head.culprits.extend(c for c in other.culprits if key(c) not in mine)
+    elif not theirs and other.candidates:
+        note += f" (one of {_who(other.candidates)}, without saying which)"
     elif theirs and theirs != mine:
         note += f" (pointing at {_who(other.culprits)}, not only at {_who(head.culprits)})" if mine <= theirs else \
             f" (pointing at {_who(other.culprits)} instead)"

@@ -624,6 +624,7 @@ class _Analysis:
         advice: List[str] = []
         waiting_b = [b for _, _, bs in places for b in bs]
         nw = _count(waiting_b)
+        candidates: list = []
         if blocked:
             culprits = _procs(blocked)
             summary = (f"{self.who_b(blocked)} {'is' if len(culprits) == 1 else 'are'} blocked outside any collective "
@@ -638,7 +639,9 @@ class _Analysis:
                 w, ps, bs = rooted[0]
                 moved_b = [b for x, _, qs in places if x is not w for b in qs]
                 moved = _procs(moved_b)
-                culprits = moved
+                # one of them skipped it and stacks cannot say which: named as candidates, not blamed
+                culprits = moved if len(moved) == 1 else []
+                candidates = moved if len(moved) > 1 else []
                 summary = (f"{self.who_b(bs)} {_s(ps, 'waits', 'wait')} in {w.describe()} while {self.who_b(moved_b)} "
                            f"{_s(moved, 'is', 'are')} in other collectives: "
                            f"{'' if len(moved) == 1 else 'one of '}{self.who_b(moved_b)} never joined the {w.op}")
@@ -655,6 +658,8 @@ class _Analysis:
                 sizes = [len(ps) for _, ps, _ in places]
                 biggest = max(sizes)
                 culprits = [p for _, ps, _ in places if len(ps) < biggest for p in ps] if sizes.count(biggest) < len(sizes) else []
+                if not culprits:  # sides of one size: one of them took another path, stacks cannot say which
+                    candidates = [p for _, ps, _ in places for p in ps]
                 groups = "; ".join(f"{self.who_b(bs)} in {w.describe()}" for w, _, bs in places)
                 summary = f"ranks wait in different collectives: {groups}"
                 detail.append("Each side waits for the other to join its collective; the side that took a different code path "
@@ -669,7 +674,7 @@ class _Analysis:
             detail.append(f"{self.who_b(busy)} {'is' if _count(busy) == 1 else 'are'} computing (not blamed: a running rank may just be slow)")
         advice.append(_RECORDS_ADVICE)
         self.out.append(Finding("collective-mismatch", summary, _culprits(culprits), evidence + loop_notes, advice, conf,
-                                detail=detail))
+                                detail=detail, candidates=_culprits(candidates)))
 
     def _loop_notes(self, places) -> List[str]:
         notes = []

@@ -337,6 +337,10 @@ class _Page:
                 rest = f" (all ranks: {esc(clip(compress_ranks(ranks), MAX_TEXT))})" if ranks else ""
                 out.append(f' <span class="note">and {_num(len(f.culprits) - len(shown))} more{rest}</span>')
             out.append("</div>")
+        if f.candidates:
+            out.append('<div class="label">candidates (one of them; the evidence cannot say which)</div><div>')
+            out.append(", ".join(self.culprit_html(c) for c in f.candidates[:MAX_CULPRITS]))
+            out.append("</div>")
         if not (f.evidence or f.advice or f.detail):
             out.append("</div>")
             return "\n".join(out)

@@ -33,6 +33,8 @@ def render(report: Report, options) -> str:
         out += [f"## Verdict: `{head.kind}`", "", f"**{_md(head.summary)}**", ""]
         if head.culprits:
             out += [f"- culprits: {_md(describe_culprits(head.culprits))}"]
+        if head.candidates:
+            out += [f"- candidates (one of them; the evidence cannot say which): {_md(describe_culprits(head.candidates))}"]
         shown, detail, hidden = evidence_shown(head, getattr(options, "verbose", False))
         out += [f"- evidence: {_md(e)}" for e in shown]
         out += [f"- detail: {_md(e)}" for e in detail]

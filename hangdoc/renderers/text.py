@@ -405,6 +405,8 @@ class TextReport:
         culprits = describe_culprits(f.culprits)
         if culprits:
             out.append(f"    culprits: {culprits}")
+        if f.candidates:
+            out.append(f"    candidates (one of them; the evidence cannot say which): {describe_culprits(f.candidates)}")
         if headline:
             shown, detail, hidden = evidence_shown(f, getattr(self.o, "verbose", False))
             out += [f"    evidence: {e}" for e in shown]

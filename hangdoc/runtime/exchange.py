@@ -547,6 +547,10 @@ def verdict(report: Any, ranks: List[int], world: int, since: float, path: str, 
             for c in f.culprits[:8]:
                 who = f"rank {c.rank}" if c.rank is not None else "process"
                 lines.append(f"hangdoc:   culprit: {who} ({c.host or '?'} pid {c.pid if c.pid is not None else '?'})")
+            if getattr(f, "candidates", None):
+                from hangdoc.ranges import describe_ranks
+
+                lines.append(f"hangdoc:   candidates (one of them): {describe_ranks(c.rank for c in f.candidates if c.rank is not None)}")
             for a in f.advice[:3]:
                 lines.append(f"hangdoc:   advice: {a}")
     lines.append(f"hangdoc: full report: {path}")
