@@ -239,7 +239,7 @@ _LIBRARY = re.compile(
     r"|megatron/(core/)?(tensor_parallel|mpu)/mappings\.py|megatron/core/parallel_state\.py|megatron/core/pipeline_parallel/p2p_communication\.py"
     r"|accelerate/utils/operations\.py|lightning/fabric/utilities/distributed\.py|pytorch_lightning/utilities/distributed\.py"
     r"|hangdoc/runtime|multiprocessing|concurrent|asyncio|importlib|logging|http|email|json|encodings|collections|contextlib\.py"
-    r"|threading\.py|queue\.py|selectors\.py|socket\.py|ssl\.py|subprocess\.py|functools\.py|runpy\.py|weakref\.py|typing\.py"
+    r"|threading\.py|queue\.py|selectors\.py|socket\.py|ssl\.py|subprocess\.py|functools\.py|runpy\.py|weakref\.py|typing\.py|typing_extensions\.py"
     r")(?=/|$)"
 )
 _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages|dist-packages)|^<frozen |^<string>")
@@ -577,7 +577,27 @@ def wait_of(process) -> Wait:
         if len(ops) == 1:
             (op, frame), = ops.items()
             w = Wait("collective", op, frame, w.call_site, None, w.root, False, "from the gloo worker thread")
+    elif w.category in PLAIN_WAITS and len(process.threads) > 1 and not any(_native(f) for f in t.frames):
+        # The main thread waits on a queue or a lock for a communication thread (DeepSpeed's and
+        # FSDP's overlap, a hand-made comm thread) that is itself in a collective: that collective
+        # is what the rank waits in.
+        side = []
+        for other in process.threads:
+            if other is t or not other.frames or _is_own_thread(other):
+                continue
+            o = classify_stack(other.frames, other.state)
+            if o.category in ("collective", "p2p") and not (o.frame is not None and _native(o.frame)):
+                side.append((other, o))
+        if len({(o.category, o.op) for _, o in side}) == 1:
+            other, o = side[0]
+            w = Wait(o.category, o.op, o.frame, o.call_site, o.peer, o.root, o.peer_is_group_rank,
+                     f"on its {other.name or 'side'} thread, which the main thread waits for ({w.describe()})")
     return w
+
+
+def _is_own_thread(thread) -> bool:
+    """hangdoc's own threads (the watchdog, the prefix drainer): never the job's waits."""
+    return any("hangdoc" in (f.file or "") for f in thread.frames[-3:])
 
 
 _GLOO_RUNLOOP_OP = re.compile(r"gloo::(?:\(anonymous namespace\)::)?(allreduce|broadcast|allgatherv?|barrier|reduce_scatter|reduce|gather|scatter|alltoallv?)\(")
