@@ -177,6 +177,10 @@ SIGNATURES: List[_Row] = [
     ("collective", "", "|".join(_COLLECTIVE_OPS), _C10D, False, False),
     ("p2p", "", "|".join(_P2P_OPS), _C10D, False, False),
     ("collective", "", "|".join(_COLLECTIVE_OPS), r"torch/distributed/_functional_collectives\.py", False, False),
+    # Group creation: every rank must call new_group (a store rendezvous), so it is waited in like
+    # a collective of the whole job.
+    ("collective", "new_group", r"new_group|new_subgroups(_by_enumeration)?|_new_group_with_tag|_new_process_group_helper|_store_based_barrier",
+     _C10D, False, False),
     # torch._C._distributed_c10d.Work.wait as a Python frame (pystack), and the future of a p2p op.
     ("host-sync", "wait", r"wait|_wait|wait_tensor", r"torch/distributed/_functional_collectives(_impl)?\.py", False, False),
     # DeepSpeed's communication layer and its torch backend; Megatron's mappings.
