@@ -40,3 +40,24 @@ def test_a_repeat_that_is_not_the_line_before_is_read_once_too(tmp_path):
     job = read_paths([path])
     assert [(r.seq, r.op) for r in job.records] == [(0, "all_reduce"), (1, "all_reduce"), (2, "broadcast")]
     assert any("2 repeated records" in e.message for e in job.errors), job.errors
+
+
+def test_a_flight_recorder_entry_referred_to_20000_times_is_read_once_and_fast(tmp_path):
+    import pickle
+
+    entry = {"record_id": 1, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 2,
+             "p2p_seq_id": 0, "op_id": 2, "profiling_name": "nccl:all_reduce", "time_created_ns": 1700000000000000000,
+             "input_sizes": [[4]], "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
+             "state": "completed", "frames": [{"name": "all_reduce", "filename": "train.py", "line": 9}]}
+    first = dict(entry, record_id=0, collective_seq_id=1)
+    dump = {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "entries": [first] + [entry] * 20000}  # one object, pickled once and referred to by memo
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(dump, protocol=4))
+    c0 = time.process_time()
+    job = read_paths([str(path)])
+    analyse(job)
+    cpu = time.process_time() - c0
+    assert [r.seq for r in job.records] == [0, 1], [r.seq for r in job.records]
+    assert any("19999 repeated Flight Recorder entries" in e.message for e in job.errors), job.errors
+    assert cpu < 1.5, cpu
