@@ -30,7 +30,7 @@ MAX_LINE = 1 << 16
 MAX_FILE = 16 << 30
 #: frame lines of one thread kept: the outermost and innermost half each; the middle of a deeper
 #: stack (runaway recursion) is dropped and said so (a 1M-frame stack took 20 s and 2.6 GB)
-MAX_DEPTH = 10_000
+MAX_DEPTH = 2_000
 #: and at most this many characters of them (10,000 lines of 64 KiB would be 640 MB)
 MAX_STACK_CHARS = 8 << 20
 #: what stands for dropped lines in a thread's raw lines: NUL never reaches a reader's line
