@@ -69,7 +69,8 @@ def test_seq_per_group_is_contiguous_and_groups_agree(job):
         for group, seqs in per_group.items():
             assert seqs == list(range(len(seqs))), (rank, group, seqs)
     assert names["default_pg"] == {(0, 1, 2)}
-    sub = [g for g in names if g != "default_pg"]
+    assert names.get("new_group") == {(0, 1, 2)}  # new_group calls: their own sequence, made by every rank
+    sub = [g for g in names if g not in ("default_pg", "new_group")]
     assert len(sub) == 1 and names[sub[0]] == {(1, 2)}  # the same name on both member ranks
     assert not any(r["group"] == sub[0] for r in job[0][1])  # rank 0 is not in the subgroup
 

@@ -23,7 +23,6 @@ over the ``broadcast`` that implements it), and a plain lock, sleep or I/O wait 
 operation encloses it (a DataLoader's queue wait is a DataLoader wait, not a lock wait).
 
     >>> from hangdoc.model import Frame
-from hangdoc.safeio import open_input, read_bounded
     >>> stack = (Frame("<module>", "train.py", 40), Frame("train_step", "train.py", 12),
     ...          Frame("wrapper", "torch/distributed/c10d_logger.py", 83),
     ...          Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2501))
@@ -372,7 +371,6 @@ def classify_stack(frames: Sequence[Frame], state: Optional[str] = None) -> Wait
     in something that left no recognisable frame, such as a C call without ``--native``).
 
     >>> from hangdoc.model import Frame
-from hangdoc.safeio import open_input, read_bounded
     >>> s = (Frame("<module>", "train.py", 9), Frame("__next__", "torch/utils/data/dataloader.py", 530),
     ...      Frame("_next_data", "torch/utils/data/dataloader.py", 1207),
     ...      Frame("_get_data", "torch/utils/data/dataloader.py", 1163),

@@ -56,7 +56,7 @@ def squeeze(raw: List[str]) -> List[str]:
 
     >>> r = squeeze([str(i) for i in range(MAX_DEPTH + 10)])
     >>> len(r), r[MAX_DEPTH // 2], dropped(r)
-    (10001, '\\x0010', 10)
+    (2001, '\\x0010', 10)
     """
     n = len(raw)
     if n <= MAX_DEPTH + 1 and (n < 128 or sum(map(len, raw)) <= MAX_STACK_CHARS):
