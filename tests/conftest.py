@@ -44,3 +44,29 @@ def procs():
     finally:
         for p in tracker.started:
             _procs.kill_group(p)
+
+
+# The suite loads torch, gloo process groups and in-process fake ranks into this pytest process;
+# after the summary, tearing the interpreter down while torch's own threads are still alive has
+# ended in "Fatal Python error: PyThreadState_Get ... runtime state: finalizing" (SIGABRT, exit
+# 134) although every test had been reported. Once pytest is done with its own teardown, this
+# process leaves with pytest's exit status, skipping the interpreter's finalization.
+_outer: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    _outer.setdefault("config", config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if session.config is _outer.get("config"):
+        _outer["status"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if config is _outer.get("config") and "status" in _outer and not os.environ.get("PYTEST_XDIST_WORKER"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_outer["status"])
