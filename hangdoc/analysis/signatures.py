@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from hangdoc.model import Frame
-from hangdoc.safeio import open_input, read_bounded
 
 #: Every category a stack can be in, from most to least specific.
 CATEGORIES = (
@@ -612,13 +611,16 @@ def in_loop(file: str, line: int) -> Optional[bool]:
     Returns ``None`` when the file cannot be read or parsed (the usual case for dumps taken on
     another machine): then nobody knows. The name comes from a dump, so it is read as input: a
     regular file only (a FIFO would block, ``/dev/zero`` never end) and at most
-    :data:`MAX_SOURCE` bytes.
+    :data:`hangdoc.analysis.source_waits.MAX_SOURCE` bytes (:func:`~hangdoc.analysis.source_waits.source_bytes`).
     """
+    from hangdoc.analysis.source_waits import source_bytes
+
+    source = source_bytes(file)
+    if source is None:
+        return None
     try:
-        with open_input(file) as fh:
-            source = read_bounded(fh, MAX_SOURCE, "source file")
         tree = ast.parse(source.decode("utf-8", "replace"))
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     found = False
 
@@ -647,6 +649,3 @@ def in_loop(file: str, line: int) -> Optional[bool]:
         return None
     return found
 
-
-#: the largest source file :func:`in_loop` parses (torch's biggest, a test helper, is 1.4 MB)
-MAX_SOURCE = 4 << 20
