@@ -264,14 +264,22 @@ def post(dog: Any, reason: str) -> None:
     from hangdoc.runtime.identity import identity
 
     store = job_store()
-    if store is None:
-        return
-    ident = identity()
-    entry = make_entry(getattr(dog, "last_paths", ()), ident, reason, dog.last_progress_wall, getattr(dog, "last_files", None))
+    if store is not None:
+        ident = identity()
+        entry = make_entry(getattr(dog, "last_paths", ()), ident, reason, dog.last_progress_wall,
+                           getattr(dog, "last_files", None))
+        _post_entry(store, dog, ident, entry)
+
+
+def _post_entry(store: Any, dog: Any, ident: Any, entry: Dict[str, Any]) -> Any:
+    """This rank's ``entry`` into the job's ``store``; the store, or None when it failed."""
     try:
         bounded_op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
     except Exception as e:
-        say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); the exception is in {dog.out_dir}")
+        say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); using files in {dog.out_dir}")
+        _store_failed()
+        return None
+    return store
 
 
 def withdraw(dog: Any) -> None:
@@ -295,12 +303,7 @@ def _share(dog: Any, paths: Sequence[str], reason: str, stall: bool = True) -> O
     entry = make_entry(paths, ident, reason, dog.last_progress_wall, getattr(dog, "last_files", None))
     store = job_store()
     if store is not None:
-        try:
-            bounded_op(store, "set", KEY.format(rank=ident.rank), json.dumps(entry))
-        except Exception as e:
-            say(f"hangdoc watchdog: store unreachable ({type(e).__name__}: {e}); using files in {dog.out_dir}")
-            _store_failed()
-            store = None
+        store = _post_entry(store, dog, ident, entry)
     elif ident.world_size > 1:
         say(f"hangdoc watchdog: no torch.distributed store; using files in {dog.out_dir}")
 
