@@ -582,9 +582,11 @@ def wait_of(process) -> Wait:
         # The main thread waits on a queue or a lock for a communication thread (DeepSpeed's and
         # FSDP's overlap, a hand-made comm thread) that is itself in a collective: that collective
         # is what the rank waits in.
+        from hangdoc.analysis.normalize import is_hangdoc_thread
+
         side = []
         for other in process.threads:
-            if other is t or not other.frames or _is_own_thread(other):
+            if other is t or not other.frames or is_hangdoc_thread(other.frames):
                 continue
             o = classify_stack(other.frames, other.state)
             if o.category in ("collective", "p2p") and not (o.frame is not None and _native(o.frame)):
@@ -595,10 +597,6 @@ def wait_of(process) -> Wait:
                      f"on its {other.name or 'side'} thread, which the main thread waits for ({w.describe()})")
     return w
 
-
-def _is_own_thread(thread) -> bool:
-    """hangdoc's own threads (the watchdog, the prefix drainer): never the job's waits."""
-    return any("hangdoc" in (f.file or "") for f in thread.frames[-3:])
 
 
 _GLOO_RUNLOOP_OP = re.compile(r"gloo::(?:\(anonymous namespace\)::)?(allreduce|broadcast|allgatherv?|barrier|reduce_scatter|reduce|gather|scatter|alltoallv?)\(")

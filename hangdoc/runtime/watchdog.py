@@ -207,8 +207,9 @@ class Watchdog:
         if self._stalled and self._progress() != self._seen:
             # the job went on and ended between two looks: the stall resolved all the same
             self._stalled = False
-            _say("hangdoc watchdog: progress again after %.1fs; the stall is over" % (time.monotonic() - self.last_progress))
-            self._recovered(time.monotonic() - self.last_progress)
+            waited = time.monotonic() - self.last_progress
+            _say("hangdoc watchdog: progress again after %.1fs; the stall is over" % waited)
+            self._recovered(waited)
         if self._sig_file is not None:
             if not self._displaced:
                 # (once the job has its own handler, unregistering would put SIG_DFL back over it)
