@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from hangdoc.analysis.sequence import periodic_next, site
+from hangdoc.analysis.sequence import MAX_PERIOD, periodic_next, site
 from hangdoc.model import CollectiveRecord
 
-#: calls of a rank's history looked at (its newest); a loop of up to 64 calls repeated twice fits
+#: calls of a rank's history looked at (its newest); a loop of up to sequence.MAX_PERIOD calls repeated twice fits
 WINDOW = 512
 #: how far from the end of a rank's history a break may lie (the skip comes shortly before the hang)
 TAIL = 8
@@ -54,15 +54,14 @@ def _key(r: CollectiveRecord) -> Tuple[str, str]:
     return (r.op, site(r))
 
 
-def _history(records: Iterable[CollectiveRecord], rank: int) -> List[CollectiveRecord]:
-    mine = [r for r in records if r.rank == rank]
+def _history(mine: List[CollectiveRecord]) -> List[CollectiveRecord]:
     if all(r.time_issued is not None for r in mine):
         mine.sort(key=lambda r: r.time_issued)  # across groups: the order the rank issued them
     return mine[-WINDOW:]
 
 
 def _period(keys: List[Tuple[str, str]], nxt: Tuple[str, str]) -> List[Tuple[str, str]]:
-    for p in range(1, min(len(keys) // 2, 64) + 1):
+    for p in range(1, min(len(keys) // 2, MAX_PERIOD) + 1):
         if keys[len(keys) - p] == nxt and keys[-p:] == keys[-2 * p:-p]:
             return keys[-p:]
     return [nxt]
@@ -70,10 +69,14 @@ def _period(keys: List[Tuple[str, str]], nxt: Tuple[str, str]) -> List[Tuple[str
 
 def period_breaks(records: Iterable[CollectiveRecord], ranks: Iterable[int]) -> Dict[int, Break]:
     """The ranks among ``ranks`` whose newest calls broke the period their history kept before."""
-    records = list(records)
+    wanted = set(ranks)
+    by_rank: Dict[int, List[CollectiveRecord]] = {r: [] for r in wanted}
+    for r in records:  # one pass, however many ranks the cycle holds
+        if r.rank in wanted:
+            by_rank[r.rank].append(r)
     out: Dict[int, Break] = {}
-    for rank in ranks:
-        hist = _history(records, rank)
+    for rank in sorted(wanted):
+        hist = _history(by_rank[rank])
         keys = [_key(r) for r in hist]
         for k in range(max(2, len(keys) - TAIL), len(keys)):
             expected: Optional[Tuple[str, str]] = periodic_next(keys[:k])
