@@ -199,7 +199,8 @@ def findings(report: Report) -> List[Finding]:
         elif len(streams) > 1 or "host" not in streams:
             kind, head = "stream-misplacement", f"cross-stream deadlock between {describe_ranks(ranks)}"
             advice = ["Issue the same collective on the same stream on every rank."]
-        elif _broke_period(report, records, c, out, pending_ev):
+        elif (broke := _broke_period(report, records, c, pending_ev)) is not None:
+            out.append(broke)
             continue
         else:
             sides = _sides(records, c.records)
@@ -243,32 +244,31 @@ def findings(report: Report) -> List[Finding]:
 CONFIDENCE_WRONG_PEER = 0.94
 
 
-def _broke_period(report: Report, records: List[CollectiveRecord], c: sequence.Cycle, out: List[Finding],
-                  pending_ev: List[str]) -> bool:
+def _broke_period(report: Report, records: List[CollectiveRecord], c: sequence.Cycle,
+                  pending_ev: List[str]) -> Optional[Finding]:
     """A wait-for cycle through several groups (tensor-parallel and pipeline, say) where some of its
     ranks broke the period of calls their loop kept before, and the others kept theirs: those ranks
-    skipped (or added) a call, and the cycle is its consequence. Appends that finding to ``out``."""
+    skipped (or added) a call, and the cycle is its consequence. None when the history cannot tell."""
     from hangdoc.analysis.history import period_breaks
 
     ranks = sorted({n[0] for n in c.nodes})
     breaks = period_breaks(records, ranks)
     if not breaks or len(breaks) == len(ranks):
-        return False  # nobody, or everybody: the history cannot tell the sides apart
+        return None  # nobody, or everybody: the history cannot tell the sides apart
     odd = sorted(breaks)
     first = breaks[odd[0]]
     missed = f"{first.expected[0]} ({first.expected[1]})"
     head = (f"{describe_ranks(odd)} skipped {missed}: {'it' if len(odd) == 1 else 'they'} went on to "
             f"{first.actual.op} ({sequence.site(first.actual)}) where every earlier iteration issued it; the "
             f"wait-for cycle through {describe_ranks(ranks)} that follows is its consequence")
-    out.append(Finding(
+    return Finding(
         kind="collective-mismatch", summary=head, culprits=_culprits(report, odd),
         evidence=[breaks[r].summary for r in odd[:MAX_RUNS]] + [
             f"{describe_ranks([r for r in ranks if r not in breaks])} kept their loops' pattern", c.summary],
         advice=[f"Look at the condition around {first.expected[1]} on {describe_ranks(odd)}: every rank of a "
                 f"process group must issue its collectives every time the others do (a rank-dependent "
                 f"shortcut, an uneven batch, an early continue usually skips one)."],
-        detail=list(pending_ev), confidence=CONFIDENCE_CYCLE))
-    return True
+        detail=list(pending_ev), confidence=CONFIDENCE_CYCLE)
 
 
 def _wrong_peers(records: List[CollectiveRecord]) -> List[Finding]:
