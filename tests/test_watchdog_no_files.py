@@ -3,6 +3,7 @@ skips a broadcast) with an output directory that is a file, on a full file syste
 store's host (torchrun) dead. The watchdog, the recorder and the exchange need no files, and a dead
 store hands over to the files at once: the verdict is printed all the same, naming the rank."""
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -21,18 +22,27 @@ if importlib.util.find_spec("torch") is None:
     pytest.skip("torch is not installed", allow_module_level=True)
 
 
-@pytest.fixture
-def full_fs(tmp_path):
-    """A 64 KiB tmpfs filled to the last byte (mount needs root and a container that allows it)."""
-    mnt = tmp_path / "full"
+@contextlib.contextmanager
+def small_tmpfs(mnt, what):
+    """A 64 KiB tmpfs mounted at ``mnt`` with an ``out`` directory in it, unmounted afterwards
+    (mount needs root and a container that allows it: the test is skipped otherwise)."""
     mnt.mkdir()
     if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("a full file system is made with mount -t tmpfs, which needs root")
+        pytest.skip(f"{what} is made with mount -t tmpfs, which needs root")
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"mount -t tmpfs not allowed here: {r.stderr.strip()}")
     try:
         (mnt / "out").mkdir()
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A 64 KiB tmpfs filled to the last byte."""
+    with small_tmpfs(tmp_path / "full", "a full file system") as mnt:
         fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
         try:
             while os.write(fd, b"\0" * 512):
@@ -42,8 +52,6 @@ def full_fs(tmp_path):
         finally:
             os.close(fd)
         yield str(mnt / "out")
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _verdict(tmp_path, out):
@@ -115,23 +123,13 @@ def test_the_store_s_host_dead_gives_the_verdict_from_files_at_the_first_dump(tm
 def read_only_dir(tmp_path):
     """An existing output directory on a file system mounted read-only (root writes through a mode
     of 0555, not through a read-only mount)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("a read-only file system is made with mount -t tmpfs, which needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"mount -t tmpfs not allowed here: {r.stderr.strip()}")
-    try:
-        (mnt / "out").mkdir()
+    with small_tmpfs(tmp_path / "ro", "a read-only file system") as mnt:
         r = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True, text=True)
         if r.returncode != 0:
             pytest.skip(f"remount,ro not allowed here: {r.stderr.strip()}")
         with pytest.raises(OSError):
             (mnt / "out" / "probe").write_text("x")
         yield str(mnt / "out")
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_read_only_output_directory_still_gives_the_verdict(tmp_path, read_only_dir):
