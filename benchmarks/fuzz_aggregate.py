@@ -482,6 +482,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", default=None, help="write the figures here too")
     ap.add_argument("--progress", type=int, default=5000)
     ap.add_argument("--replay", default=None, help="run one saved input directory and print the traceback")
+    ap.add_argument("--only", default=None, help="comma-separated input numbers of this seed: the others are generated (the "
+                    "random sequence stays the same) but not run; to time again the slow inputs a run reported")
     args = ap.parse_args(argv)
 
     if args.replay:
@@ -523,9 +525,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "internal": internal[:50], "caught": caught_inputs[:50], "slow": slow[:50],
         }
 
+    only = sorted(int(x) for x in args.only.split(",")) if args.only else None
+    if only:
+        args.inputs = only[-1] + 1
     try:
         for i in range(args.inputs):
             kind, files = make_input(rng, fixtures)
+            if only is not None and i not in only:
+                rng.random()  # the walk-or-name draw below, so that the sequence matches a full run
+                continue
             kinds[kind.split("+")[0]] = kinds.get(kind.split("+")[0], 0) + 1
             d = os.path.join(tmp, str(i))
             os.mkdir(d)
@@ -595,8 +603,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         json.dump(snapshot(i + 1), f, indent=1)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    figures = snapshot(args.inputs)
-    n = args.inputs
+    n = len(only) if only else args.inputs
+    figures = snapshot(n)
     print(json.dumps(figures, indent=1))
     if args.json:
         with open(args.json, "w") as f:

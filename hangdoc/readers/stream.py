@@ -125,6 +125,9 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     msink: Optional[List[str]] = None
     mindent = "\x00"
     touched: Set[_Channel] = set()  # channels with lines in the current chunk
+    same: Optional[str] = None  # the last line, when reading it changed nothing
+    peeled_line: Optional[str] = None  # the last line peeled, and what peeling it gave
+    peeled: Tuple[Identity, str] = (NO_IDENTITY, "")
     peeler.learn(_head_lines(path, fileobj))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         lineno = first - 1
@@ -147,7 +150,13 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
             if msink is not None and line.startswith(mindent):
                 msink.append(line)
                 continue
-            ident, text = peeler.peel(line)
+            if line == same:
+                continue
+            if line == peeled_line:  # peeling is a pure function of the line: a repeat is peeled once
+                ident, text = peeled
+            else:
+                ident, text = peeled = peeler.peel(line)
+                peeled_line = line
             if ident is NO_IDENTITY or ident == NO_IDENTITY:
                 ch = main
                 if text[:4] == "=== ":
@@ -162,13 +171,23 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                 if ch is None:
                     ch = channels[ident] = _Channel(ident)
                 touched.add(ch)
-            if readers and (kw(text) is not None or any(r.active for r in readers)):
-                for r in readers:
+            fed = readers
+            if readers:
+                # a line with no reader's keyword is only for the readers inside a block (the
+                # contract of _logbase); the others are not called: a 190,000-line stack inside an
+                # fr_trace block went through all ten readers
+                fed = readers if kw(text) is not None else [r for r in readers if r.active]
+                for r in fed:
                     try:
                         r.feed(lineno, text, ch.ident)
                     except Exception as e:  # one reader's bug costs its line, not the file
                         ctx.error(lineno, f"could not read this line ({r.format}): {type(e).__name__}: {e}")
+            was_open, ntags, nexits = ch.parser is not None, len(tags), len(exits)
             _dispatch(ctx, ch, lineno, text, close, tags, tag_start, exits)
+            # a line that changed nothing (no reader, no block, no tag) changes nothing when it
+            # comes again right after: 200,000 copies of one line are read once
+            same = line if (not fed and not was_open and ch.parser is None and len(tags) == ntags
+                            and len(exits) == nexits) else None
             mp = main.parser
             if mp is not None and mp.sink is not None:
                 msink, mindent = mp.sink, mp.indent
