@@ -124,6 +124,11 @@ _DROP = {0x00: None, 0x1B: None, 0x9B: None}
 _WORDS = (("# hangdoc ", "#_hangdoc "), ("=== Rank ", "===_Rank "))
 
 
+#: the ``reason`` of an exited line for a rank that died while the job ran (rank 0's exit verdict,
+#: :mod:`hangdoc.runtime.exit_verdict`), as against one gone before ``hangdoc dump`` reached it
+DIED_IN_JOB = "died_while_the_job_ran"
+
+
 def format_exited(**fields: object) -> str:
     """The :data:`EXITED_PREFIX` line: the fields of a tag line, for a process that is gone.
 

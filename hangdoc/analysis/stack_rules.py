@@ -61,6 +61,7 @@ from hangdoc.model import (
 from hangdoc.ranges import MAX_LISTED, RankSet, compress_hosts
 # finding text: long rank lists end in "… and N more" (the culprits keep every rank)
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
+from hangdoc.tags import DIED_IN_JOB
 
 #: Stack-only verdicts never claim more than this (record-based rules use 0.9 and more).
 MAX_CONFIDENCE = 0.8
@@ -342,6 +343,25 @@ class _Analysis:
                     status_of[id(p)] = st = _status(p, b)
                     by_status.setdefault(st[0], []).append(p)
         exited = by_status.pop(STATUS_EXITED, [])
+        died = [p for p in exited if status_of[id(p)][1] == DIED_IN_JOB.replace("_", " ")]
+        if died and len(died) == len(exited):
+            # rank 0's exit verdict saw them gone before the teardown, with no exit dump: they
+            # failed (killed, aborted in native code), and the others failed after them
+            died = _sorted(died)
+            details = _cap([f"{who([p])}: its process ended while the job ran, leaving no dump (no exception "
+                            "of its own: killed by a signal, or aborted in native code)"
+                            + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in died], "failed processes")
+            if waiting:
+                details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
+            self.out.append(Finding(
+                "rank-failed", f"{who(died)} died while the job ran (killed, or aborted in native code)",
+                _culprits(died), details,
+                ["Its lines in the job's log say how: `terminate called after throwing ...` (a native abort: "
+                 "gloo's and NCCL's checks of sizes and types end so), the exit code or signal in torchrun's "
+                 "failure table; `dmesg` on its node for the OOM killer (SIGKILL).",
+                 "The other ranks' errors (`Connection closed by peer`, timeouts) are its consequence."],
+                0.85))
+            exited = []
         if exited:
             # gone before hangdoc dump reached it: no stack, and the likeliest reason for the wait
             exited = _sorted(exited)

@@ -13,11 +13,12 @@ does): then the handler alone does it, when the main thread gets to run Python.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 #: re-entrant: the main thread's handler may run while that thread holds it in install()
 _lock = threading.RLock()
@@ -49,8 +50,49 @@ def _end_as_before(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+#: seconds SIGTERM's end waits at most for hangdoc's own exit work in progress (see holding)
+HOLD_LIMIT = 8.0
+_hold = {"owner": None, "depth": 0, "pending": None}
+_released = threading.Event()
+_released.set()
+
+
+@contextlib.contextmanager
+def holding() -> Iterator[None]:
+    """While the block runs, a SIGTERM does not end the process (for at most :data:`HOLD_LIMIT`
+    seconds): the dump of a rank whose main function raised, or the exit verdict, is not cut in
+    half by the SIGTERM its launcher sends every rank as soon as one fails. A SIGTERM that came
+    meanwhile ends the process when the block is over, as it would have."""
+    me = threading.get_ident()
+    with _lock:
+        mine = _hold["owner"] in (None, me)
+        if mine:
+            _hold["owner"] = me
+            _hold["depth"] += 1
+            _released.clear()
+    if not mine:  # another thread holds already: its hold covers this block too
+        yield
+        return
+    try:
+        yield
+    finally:
+        with _lock:
+            _hold["depth"] -= 1
+            pending = None
+            if _hold["depth"] == 0:
+                _hold["owner"] = None
+                pending, _hold["pending"] = _hold["pending"], None
+                _released.set()
+        if pending is not None:
+            _end_as_before(pending, None)
+
+
 def _handler(signum: int, frame: Any) -> None:
     _run_actions()
+    if _hold["owner"] == threading.get_ident():
+        _hold["pending"] = signum  # the held block, this thread's, ends the process when it is over
+        return
+    _released.wait(HOLD_LIMIT)
     _end_as_before(signum, frame)
 
 
@@ -75,6 +117,7 @@ def _watch(read_fd: int) -> None:
             previous = _state["previous"]
             if not callable(previous):
                 # a main thread running Python ends the process in the handler within a moment
+                _released.wait(HOLD_LIMIT)
                 threading.Event().wait(1.0)
                 os._exit(128 + signal.SIGTERM)
 
@@ -109,6 +152,8 @@ def _after_fork_in_child() -> None:
     """A forked child (a DataLoader worker) is not the rank: it must neither dump the rank's records
     on its own SIGTERM (a DataLoader terminates its workers so) nor write into the rank's wakeup pipe."""
     fds = _state["fds"]
+    _hold.update(owner=None, depth=0, pending=None)
+    _released.set()
     _state["actions"] = []
     _state["done"] = True
     _state["fds"] = None

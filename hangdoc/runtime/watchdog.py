@@ -169,7 +169,7 @@ class Watchdog:
         self._thread: Optional[threading.Thread] = None
         self._seen: Any = None
         self.last_progress = time.monotonic()
-        self.last_progress_wall = time.time()
+        self.last_progress_wall = self.started_wall = time.time()
         self._stalled = False
         self._next_dump = 0.0
         self._sig_file: Any = None
@@ -194,13 +194,26 @@ class Watchdog:
             self._recorder = _enable_recorder(self.out_dir)
         if self.signum is not None:
             self._register_signal()
+        if self.report:
+            from hangdoc.runtime import on_term
+
+            on_term.install(self._on_term)  # rank 0's verdict of a job failing before any stall
         self._seen = self._progress()
         self._thread = threading.Thread(target=self._run, name="hangdoc-watchdog", daemon=True)
         self._thread.start()
         return self
 
+    def _on_term(self) -> None:
+        from hangdoc.runtime import exit_verdict
+
+        exit_verdict.at_exit(self, "SIGTERM from the launcher")
+
     def stop(self) -> None:
         self._stop.set()
+        if self.report:
+            from hangdoc.runtime import on_term
+
+            on_term.uninstall(self._on_term)
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2 * self.poll + 1)
@@ -403,20 +416,28 @@ class Watchdog:
         again). Never raises."""
         import traceback
 
-        try:
-            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            reason = f"raised {type(exc).__name__}"
-            from hangdoc.runtime.identity import identity
+        from hangdoc.runtime import on_term
 
-            # the traceback, then the threads as a block of their own under the same tag line (a
-            # traceback and a thread dump run together read as two processes)
-            self._write_dump(reason, text + "\n" + _tag_line(identity(), reason, self) + "\n" + _faulthandler_text())
+        # the launcher's SIGTERM to every rank, sent as soon as one fails, waits for this dump
+        with on_term.holding():
+            try:
+                text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                reason = f"raised {type(exc).__name__}"
+                from hangdoc.runtime.identity import identity
+
+                # the traceback, then the threads as a block of their own under the same tag line (a
+                # traceback and a thread dump run together read as two processes)
+                self._write_dump(reason, text + "\n" + _tag_line(identity(), reason, self) + "\n" + _faulthandler_text())
+                if self.report:
+                    from hangdoc.runtime import exchange
+
+                    exchange.post(self, reason)
+            except Exception as e:
+                _say(f"hangdoc watchdog: could not post the exception: {type(e).__name__}: {e}")
             if self.report:
-                from hangdoc.runtime import exchange
+                from hangdoc.runtime import exit_verdict
 
-                exchange.post(self, reason)
-        except Exception as e:
-            _say(f"hangdoc watchdog: could not post the exception: {type(e).__name__}: {e}")
+                exit_verdict.at_exit(self, f"this rank raised {type(exc).__name__}", raised=True)
 
     def _write_dump(self, reason: str, traceback_text: Optional[str]) -> Tuple[str, ...]:
         """Take the dump (stacks, records) into :attr:`last_files`, then write it; returns the paths
