@@ -188,6 +188,17 @@ def test_p2p_stall_without_peers_flags_the_odd_call_site():
     assert f.kind == "p2p-stall" and f.culprits == [] and "--locals" in " ".join(f.advice)
 
 
+def test_p2p_stall_without_peers_a_first_stage_sending_is_a_candidate_not_a_culprit():
+    # examples/bugs/wrong_peer.py dumped by plain py-spy: rank 0 sends, ranks 1-3 receive, all at one
+    # line each; the bug is rank 1's wrong source, and a pipeline's first stage always only sends
+    def at(op, line):
+        return user(Frame("main", "wrong_peer.py", line), lib(op, 2799 if op == "recv" else 2753)), "idle"
+
+    f = head([proc(0, at("send", 46))] + [proc(r, at("recv", 42)) for r in range(1, 4)])
+    assert f.kind == "p2p-stall" and f.culprits == []
+    assert [c.rank for c in f.candidates] == [0]
+
+
 def test_unresponsive_and_stopped():
     procs = [proc(r, all_reduce()) for r in range(4)]
     procs[1] = Process(host="node0", pid=1001, rank=1, status=STATUS_STOPPED, status_detail="state T")

@@ -561,8 +561,18 @@ class _Analysis:
         if sited and len(groups) > 1 and sizes[-1] >= 2:
             odd = [p for g in groups.values() if len(g) < sizes[-1] for p in g]
         evidence = self.evidence_procs(procs)
+        blamed: List[Process] = []
         if odd:
+            # a rank in the majority's own operation at another call site stands out; one in the other
+            # operation (it sends, they receive) is named a candidate, never blamed: a pipeline's first
+            # and last stages are on code paths of their own by design
+            major = max(groups.values(), key=len)
+            op = self._user_path(major[0])[:2]
+            blamed = [p for p in odd if self._user_path(p)[:2] == op]
             summary = f"{who(procs)} {_s(procs, 'waits', 'wait')} in send/recv with unknown peers; {who(odd)} {'is' if len(odd) == 1 else 'are'} at call sites no other stage shares"
+            if len(blamed) < len(odd):
+                evidence.append(f"without peers the stacks cannot say who is wrong: {who([p for p in odd if p not in blamed])} "
+                                "in another operation than the others, as a pipeline's first or last stage is by design")
             conf = 0.5
         else:
             summary = f"{who(procs)} {_s(procs, 'waits', 'wait')} in send/recv with unknown peers"
@@ -570,8 +580,9 @@ class _Analysis:
                             "all of them are at one call site" if len(groups) == 1 else
                             "each of them is on a code path of its own, so no call site stands out")
             conf = 0.4
-        self.out.append(Finding("p2p-stall", summary, _culprits(odd), evidence,
-                                [_LOCALS_ADVICE + " With peers known, hangdoc shows the wait-for cycle.", _RECORDS_ADVICE], conf))
+        self.out.append(Finding("p2p-stall", summary, _culprits(blamed), evidence,
+                                [_LOCALS_ADVICE + " With peers known, hangdoc shows the wait-for cycle.", _RECORDS_ADVICE], conf,
+                                candidates=_culprits([p for p in odd if p not in blamed])))
 
     def _user_path(self, p: Process) -> Tuple:
         from hangdoc.analysis.signatures import is_library

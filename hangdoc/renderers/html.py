@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from hangdoc.model import STATUS_OK, Culprit, Finding, Frame, Process, Report
 from hangdoc.ranges import compress_hosts, compress_ranks, describe_ranks
 from hangdoc.renderers import treeview
-from hangdoc.renderers.text import evidence_shown
+from hangdoc.renderers.text import candidates_label, evidence_shown
 from hangdoc.renderers.treeview import Line, View, ViewNode
 
 # Sizes of the drawn tree, in px. Frames are in a monospace font so that widths can be computed
@@ -338,7 +338,7 @@ class _Page:
                 out.append(f' <span class="note">and {_num(len(f.culprits) - len(shown))} more{rest}</span>')
             out.append("</div>")
         if f.candidates:
-            out.append('<div class="label">candidates (one of them; the evidence cannot say which)</div><div>')
+            out.append(f'<div class="label">{candidates_label(f.candidates)}</div><div>')
             out.append(", ".join(self.culprit_html(c) for c in f.candidates[:MAX_CULPRITS]))
             out.append("</div>")
         if not (f.evidence or f.advice or f.detail):

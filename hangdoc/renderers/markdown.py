@@ -16,7 +16,7 @@ from typing import List
 
 from hangdoc.model import STATUS_OK, Report
 from hangdoc.ranges import compress_ranks
-from hangdoc.renderers.text import (DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, describe_culprits, evidence_shown, plural, printable,
+from hangdoc.renderers.text import (DEFAULT_MAX_GROUPS, MAX_ERRORS, Sets, candidates_label, describe_culprits, evidence_shown, plural, printable,
                                     roles, tree_lines)
 from hangdoc.textsafe import visible
 
@@ -34,7 +34,7 @@ def render(report: Report, options) -> str:
         if head.culprits:
             out += [f"- culprits: {_md(describe_culprits(head.culprits))}"]
         if head.candidates:
-            out += [f"- candidates (one of them; the evidence cannot say which): {_md(describe_culprits(head.candidates))}"]
+            out += [f"- {candidates_label(head.candidates)}: {_md(describe_culprits(head.candidates))}"]
         shown, detail, hidden = evidence_shown(head, getattr(options, "verbose", False))
         out += [f"- evidence: {_md(e)}" for e in shown]
         out += [f"- detail: {_md(e)}" for e in detail]

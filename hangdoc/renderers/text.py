@@ -213,6 +213,13 @@ def is_plumbing_fn() -> Callable[[Frame], bool]:
     return safe
 
 
+def candidates_label(candidates: Sequence[object]) -> str:
+    """The label of a finding's candidates: one of several, or a lone suspect the evidence does not prove."""
+    if len(candidates) == 1:
+        return "candidate (a suspect the evidence does not prove)"
+    return "candidates (one of them; the evidence cannot say which)"
+
+
 def describe_culprits(culprits) -> str:
     if not culprits:
         return ""
@@ -406,7 +413,7 @@ class TextReport:
         if culprits:
             out.append(f"    culprits: {culprits}")
         if f.candidates:
-            out.append(f"    candidates (one of them; the evidence cannot say which): {describe_culprits(f.candidates)}")
+            out.append(f"    {candidates_label(f.candidates)}: {describe_culprits(f.candidates)}")
         if headline:
             shown, detail, hidden = evidence_shown(f, getattr(self.o, "verbose", False))
             out += [f"    evidence: {e}" for e in shown]
