@@ -141,9 +141,27 @@ _NoGlobalsUncounted.dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[
 _NoGlobalsUncounted.dispatch[pickle.MARK[0]] = _NoGlobals.load_mark
 
 
-def _load_pickle(data: bytes) -> Any:
+def _noting_shared(load: Any) -> Any:
+    """A memo get (GET, BINGET, LONG_BINGET) that notes when it fetched a container: only then can
+    the loaded data refer to one container twice (or to itself), what :func:`_check_size` looks for."""
+    def get(self: _NoGlobals) -> None:
+        load(self)
+        if isinstance(self.stack[-1], _CONTAINERS):
+            self.shared = True
+    return get
+
+
+for _cls in (_NoGlobals, _NoGlobalsUncounted):
+    _cls.shared = False
+    for _op in (pickle.GET, pickle.BINGET, pickle.LONG_BINGET):
+        _cls.dispatch[_op[0]] = _noting_shared(_cls.dispatch[_op[0]])
+
+
+def _load_pickle(data: bytes) -> Tuple[Any, bool]:
+    """The loaded data, and whether a container in it may be referred to more than once."""
     cls = _NoGlobalsUncounted if len(data) <= MAX_PICKLE_OPS else _NoGlobals
-    return cls(io.BytesIO(data)).load()
+    u = cls(io.BytesIO(data))
+    return u.load(), u.shared
 
 
 def _is_pickle(head: bytes) -> bool:
@@ -210,9 +228,10 @@ def _check_size(obj: Any) -> None:
 
 def loads(data: bytes) -> Dict[str, Any]:
     """:func:`load` of bytes (what ``torch._C._distributed_c10d._dump_nccl_trace()`` returns)."""
+    shared = True  # JSON cannot share, but its nesting is checked the same way (cheap next to parsing it)
     if _is_pickle(data[:4]):
         try:
-            obj = _load_pickle(data)
+            obj, shared = _load_pickle(data)
         except Exception as e:  # any corrupt or hostile pickle
             raise ValueError(f"not a readable Flight Recorder pickle: {type(e).__name__}: {str(e)[:200]}") from None
     else:
@@ -224,7 +243,10 @@ def loads(data: bytes) -> Dict[str, Any]:
             raise ValueError(f"not a Flight Recorder JSON dump: {str(e)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list):
         raise ValueError("not a Flight Recorder dump (no 'entries' list)")
-    _check_size(obj)
+    if shared or len(data) > MAX_NODES:
+        # (without a container met twice the data is a tree, and each of its values took at least one
+        # byte of the pickle: no more than MAX_NODES of them, nothing to expand, no cycle)
+        _check_size(obj)
     return obj
 
 

@@ -80,6 +80,9 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     tags: List[Tuple[_Channel, int, Dict[str, str]]] = []
     exits: List[Tuple[_Channel, int, Dict[str, str]]] = []
     readers = registry.new_log_readers(ctx)
+    # each reader with its own keywords (the same order): a line goes to the readers whose keyword it
+    # holds, not to all ten (an 8 MB log of NCCL watchdog lines ran 21 regex searches a line)
+    own = list(zip(readers, [tuple(m.KEYWORDS) for m in registry.log_modules()]))  # type: ignore[attr-defined]
     kw = registry.keyword_re().search
     has_anchor = registry.has_anchor
     last_of: Dict[int, Process] = {}  # id(channel) -> its last process (a c10 backtrace joins it)
@@ -176,7 +179,18 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                 # a line with no reader's keyword is only for the readers inside a block (the
                 # contract of _logbase); the others are not called: a 190,000-line stack inside an
                 # fr_trace block went through all ten readers
-                fed = readers if kw(text) is not None else [r for r in readers if r.active]
+                if kw(text) is not None:
+                    fed = []
+                    for r, words in own:
+                        if r.active:
+                            fed.append(r)
+                            continue
+                        for w in words:
+                            if w in text:
+                                fed.append(r)
+                                break
+                else:
+                    fed = [r for r in readers if r.active]
                 for r in fed:
                     try:
                         r.feed(lineno, text, ch.ident)

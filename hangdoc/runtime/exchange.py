@@ -420,7 +420,7 @@ def _preload_offline() -> None:
 
 
 def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int, reason: str = "",
-            stall: bool = True) -> Optional[str]:
+            stall: bool = True, dumped: Optional[List[int]] = None) -> Optional[str]:
     """Write the entries as files and the report, read them, print the verdict. What cannot be
     written (a full disk, an output directory that is no directory) is read from memory instead,
     and the verdict is printed all the same. Returns the report's path when it was written."""
@@ -471,7 +471,8 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
             _write_file(dog.out_dir, os.path.join(dog.out_dir, "report.json"), render(report, "json"))
         except Exception as e:  # the text report and the verdict matter more than the JSON
             say(f"hangdoc watchdog: report.json not written: {type(e).__name__}: {e}")
-    say(verdict(report, sorted(entries), world, time.time() - dog.last_progress_wall, where, reason, stall), ident)
+    ranks = sorted(entries) if dumped is None else sorted(dumped)  # (an exit verdict's dead ranks have entries, no dump)
+    say(verdict(report, ranks, world, time.time() - dog.last_progress_wall, where, reason, stall), ident)
     if stall:
         from hangdoc.runtime.retract import remember
 

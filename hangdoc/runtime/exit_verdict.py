@@ -200,5 +200,5 @@ def _run(dog: Any, ident: Any, why: str, raised: bool, gone: List[int]) -> bool:
             except OSError:
                 pass
         exchange._report(dog, ident, entries, world, reason=f"the job is failing (rank {ident.rank}: {why}) before any stall",
-                         stall=False)
+                         stall=False, dumped=sorted(files))
     return True
