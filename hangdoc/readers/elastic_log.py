@@ -68,7 +68,7 @@ _CLOSING_RE = re.compile(r"Sending process (\d{1,9}) closing signal (SIG[A-Z]{1,
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
-_EXC_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Failure|Fault)\b")
+_EXC_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Failure|Fault)\b")
 
 
 def _exception_line(lines: List[str]) -> Optional[str]:
