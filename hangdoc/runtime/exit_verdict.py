@@ -76,7 +76,8 @@ def _fresh(out_dir: str, since: float) -> Dict[int, List[str]]:
     for path in glob.glob(os.path.join(glob.escape(out_dir), "*-r*-*.*")):
         m = _RANK_FILE.match(os.path.basename(path))
         try:
-            if m and os.path.getmtime(path) >= since:
+            st = os.stat(path)
+            if m and st.st_mtime >= since and st.st_size > 0:
                 found.setdefault(int(m.group(1)), []).append(path)
         except OSError:
             pass
