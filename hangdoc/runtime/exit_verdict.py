@@ -28,6 +28,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -76,8 +77,8 @@ def _fresh(out_dir: str, since: float) -> Dict[int, List[str]]:
     for path in glob.glob(os.path.join(glob.escape(out_dir), "*-r*-*.*")):
         m = _RANK_FILE.match(os.path.basename(path))
         try:
-            st = os.stat(path)
-            if m and st.st_mtime >= since and st.st_size > 0:
+            st = os.lstat(path)  # a link planted in a shared output directory is no dump of this job
+            if m and stat.S_ISREG(st.st_mode) and st.st_mtime >= since and st.st_size > 0:
                 found.setdefault(int(m.group(1)), []).append(path)
         except OSError:
             pass
