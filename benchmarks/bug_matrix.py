@@ -21,6 +21,26 @@ whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
 * **Flight Recorder**: ``TORCH_FR_BUFFER_SIZE=20000`` and ``benchmarks/fr_dump_wrapper.py`` (a
   dump on demand: gloo has no dump on timeout); dumped when hung as in the plain run, then
   ``python -m torch.distributed.flight_recorder.fr_trace DIR -p fr_trace_rank_``. Column ``fr``; column ``frhd`` is ``hangdoc aggregate`` of the same dumps.
+* **torch's debug server**: ``benchmarks/dbgsrv_wrapper.py`` starts
+  ``torch.distributed.debug.start_debug_server`` in every rank (``TORCH_FR_BUFFER_SIZE=20000``);
+  once hung (as in the plain run), the frontend's pages a user opens (``/``, ``/stacks``,
+  ``/fr_trace``, ``/fr_trace_json``, ``/pyspy_dump``, ...) are fetched with urllib into
+  ``dbgsrv/`` (column ``dbgsrv``: what those pages say, ``matrix_judge.from_debug_server``),
+  then ``hangdoc dump --debug-server`` fetches from the same frontend and ``hangdoc aggregate``
+  reads that (column ``dbgsrvhd``). Needs the frontend's ``jinja2``, ``tabulate`` and
+  ``requests`` (or ``aiohttp``).
+* **nvidia-resiliency-ext**: its ``ft_launcher`` (``--nvrx-python PY`` or ``$NVRX_PYTHON``: an
+  interpreter with ``nvidia_resiliency_ext`` installed; default this one) runs the scenario
+  under ``benchmarks/nvrx_wrapper.py`` (heartbeats at ``init()`` and every ``progress()``), with
+  the heartbeat timeout 8 s (``HANG_TIMEOUT``) and the initial one 120 s; its output is parsed for
+  the ranks its rank monitors time out (``matrix_judge.from_nvrx_log``). Column ``nvrx``.
+  Column ``nvrxip``: its in-process restart, ``inprocess.Wrapper`` around the scenario
+  (``benchmarks/nvrx_inprocess_wrapper.py``: progress timeout 8 s, automatic progress stamps, one
+  restart at most) under torchrun with the same interpreter; the first ``Interruption.X on
+  ranks={...}`` it reports (``matrix_judge.from_nvrx_inprocess_log``).
+
+The last two are optional: when their packages are missing they are left out of the default
+columns, and asked for with ``--columns`` they are skipped with a message saying why.
 
 With ``--backend nccl`` (one GPU a rank: ``BUG_BACKEND=nccl``, see ``examples/bugs/_common.py``) the
 plain run is also NCCL's own evidence, with no separate Flight Recorder run: it runs under
@@ -66,12 +86,14 @@ import matrix_judge  # noqa: E402
 
 BUGS = os.path.join(ROOT, "examples", "bugs")
 COLUMNS = ("injob", "aggregate", "detect", "pyspy", "log", "detail", "fr", "frhd")
+#: peers that need packages torch does not bring: in the default columns only where importable
+OPTIONAL_COLUMNS = ("dbgsrv", "dbgsrvhd", "nvrx", "nvrxip")
 #: which run feeds which columns
 COLUMNS_OF_RUN = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy",),
-        "detail": ("detail",), "fr": ("fr", "frhd")}
+        "detail": ("detail",), "fr": ("fr", "frhd"), "dbgsrv": ("dbgsrv", "dbgsrvhd"), "nvrx": ("nvrx",), "nvrxip": ("nvrxip",)}
 #: on NCCL the plain run's own timeout makes the Flight Recorder dumps (no wrapper run)
 COLUMNS_OF_RUN_NCCL = {"hangdoc": ("injob", "aggregate"), "detect": ("detect",), "plain": ("pyspy", "log", "fr", "frhd"),
-        "detail": ("detail",)}
+        "detail": ("detail",), "dbgsrv": ("dbgsrv", "dbgsrvhd"), "nvrx": ("nvrx",), "nvrxip": ("nvrxip",)}
 HANG_TIMEOUT = 8
 #: the NCCL timeout of the plain run on NCCL: after the py-spy dumps, long enough for none to be early
 NCCL_TIMEOUT = 20
@@ -84,6 +106,13 @@ START_LIMIT = 120.0
 #: seconds after the hang point before dumps are taken (the last ranks get into their waits)
 SETTLE = 3.0
 TOOL_LIMIT = 180.0
+#: the interpreter whose ``nvidia_resiliency_ext`` runs column nvrx (``--nvrx-python``, ``$NVRX_PYTHON``)
+NVRX_PYTHON = os.environ.get("NVRX_PYTHON") or sys.executable
+#: nvrx's initial heartbeat timeout: torch's import and the rendezvous on 2 shared cores come first
+NVRX_INITIAL_TIMEOUT = 120
+#: seconds for one debug-server page (its frontend waits DBGSRV_FETCH_TIMEOUT for a silent worker)
+DBGSRV_PAGE_LIMIT = 40.0
+DBGSRV_FETCH_TIMEOUT = 10
 PYSPY = shutil.which("py-spy", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")) or "py-spy"
 
 _live: List[subprocess.Popen] = []
@@ -127,13 +156,23 @@ def read_scenario(path: str) -> Dict[str, Any]:
 class Job:
     """One torchrun job, its output in ``log``; stopped whole by :meth:`stop`."""
 
-    def __init__(self, args: List[str], nproc: int, env: Dict[str, str], log: str) -> None:
+    def __init__(self, args: List[str], nproc: int, env: Dict[str, str], log: str,
+                 launcher: Optional[List[str]] = None) -> None:
+        """``launcher``: another torchrun-like launcher (nvidia-resiliency-ext's ``ft_launcher``),
+        given its rendezvous endpoint explicitly (c10d) instead of torchrun's master address."""
         if _stopping.is_set():
             raise RuntimeError("stopping: no new job")
         self.log, self.started = log, time.monotonic()
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.5"] + args
-        full_env = dict(os.environ, BUG_BACKEND=BACKEND, **env)
+        if launcher:
+            cmd = launcher + ["--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+                              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.5"] + args
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--monitor-interval", "0.5"] + args
+        #: every process of this job carries it, forked ones too (DataLoader workers, the debug
+        #: server's frontend): what a rank left behind when it was killed is found by it at stop()
+        self.marker = f"{os.getpid()}-{id(self)}-{time.monotonic_ns()}"
+        full_env = dict(os.environ, BUG_BACKEND=BACKEND, BUG_MATRIX_JOB=self.marker, **env)
         if BACKEND == "nccl":
             full_env.update(NCCL_SAFE_ENV)
         full_env["PYTHONPATH"] = ROOT + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
@@ -189,9 +228,33 @@ class Job:
 
     def stop(self) -> None:
         stop_job(self.proc)
+        # orphans: a rank killed mid-job (nvidia-resiliency-ext's rank monitor, gloo's abort) leaves
+        # its forked children re-parented to init, out of stop_job's reach
+        for pid in _marked(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         with _live_lock:
             if self.proc in _live:
                 _live.remove(self.proc)
+
+
+def _marked(marker: str) -> List[int]:
+    """Pids whose environment has ``BUG_MATRIX_JOB=marker``."""
+    needle = b"\0BUG_MATRIX_JOB=" + marker.encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                raw = b"\0" + f.read(1 << 20) + b"\0"
+        except OSError:
+            continue
+        if needle in raw:
+            found.append(int(name))
+    return found
 
 
 def _environ(pid: int) -> Dict[str, str]:
@@ -402,6 +465,152 @@ def run_fr(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
     return {"state": state, "fr_dumps": run_fr_trace(d, fr, "fr_trace_rank_", world)}
 
 
+def fetch_debug_server_pages(port: int, save: str) -> Dict[str, Dict[str, Any]]:
+    """Every page of the frontend a user opens (``matrix_judge.DEBUG_SERVER_PAGES``, and the NCCL
+    Flight Recorder analysis on NCCL), by plain urllib as a browser would; each saved under ``save``
+    with ``pages.json`` ({path: status, file, error}) beside them."""
+    os.makedirs(save, exist_ok=True)
+    paths = list(matrix_judge.DEBUG_SERVER_PAGES) + (["/fr_trace_nccl", "/fr_trace_nccl_json"] if BACKEND == "nccl" else [])
+    pages: Dict[str, Dict[str, Any]] = {}
+    index: Dict[str, Dict[str, Any]] = {}
+    silent = 0  # pages in a row the frontend did not answer: after two, the rest are not asked
+    for path in paths:
+        name = (path.strip("/") or "index") + ".html"
+        status, text, error = 0, "", None
+        t0 = time.monotonic()
+        if silent >= 2:
+            error = f"not asked: the frontend answered none of the last {silent} pages"
+        else:
+            status, text, error = _get_page(f"http://127.0.0.1:{port}{path}")
+            silent = silent + 1 if error else 0
+        with open(os.path.join(save, name), "w") as f:
+            f.write(text)
+        pages[path] = {"status": status, "text": text, "error": error}
+        index[path] = {"status": status, "file": name, "error": error, "seconds": round(time.monotonic() - t0, 2)}
+    with open(os.path.join(save, "pages.json"), "w") as f:
+        json.dump(index, f, indent=1)
+    return pages
+
+
+def _get_page(url: str) -> Any:
+    """(HTTP status, text, error) of one page; an HTTP error's page is its text (the frontend's
+    500 page when a handler raised); status 0 and the error when there was no answer."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=DBGSRV_PAGE_LIMIT) as r:
+            return r.status, r.read(64 << 20).decode("utf-8", "replace"), None
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(1 << 20).decode("utf-8", "replace"), None
+    except (OSError, ValueError) as e:
+        return 0, "", f"{type(e).__name__}: {e}"
+
+
+def run_dbgsrv(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    """torch's debug server in every rank; once hung, its pages (``dbgsrv/``) and ``hangdoc dump
+    --debug-server`` of the same frontend (``dbgsrv-fetched/``, read by ``hangdoc aggregate``)."""
+    world = s["truth"]["world"]
+    pages_dir, fetched = os.path.join(d, "dbgsrv"), os.path.join(d, "dbgsrv-fetched")
+    got: Dict[str, Any] = {}
+    for env in s["runs"]:
+        for old in (pages_dir, fetched):  # only the last job's pages are judged (two_jobs)
+            shutil.rmtree(old, ignore_errors=True)
+        port = free_port()
+        job = Job([os.path.join(HERE, "dbgsrv_wrapper.py"), s["path"]], world,
+                  dict(env, DBGSRV_PORT=str(port), DBGSRV_FETCH_TIMEOUT=str(DBGSRV_FETCH_TIMEOUT),
+                       TORCH_FR_BUFFER_SIZE="20000"), os.path.join(d, "dbgsrv.log"))
+        try:
+            state = job.wait_hung(world)
+            got = {"state": state}
+            if job.exited():  # the frontend (in rank 0) is gone with the job: nothing to open
+                continue
+            fetch_debug_server_pages(port, pages_dir)
+            if "dbgsrvhd" in columns:
+                r = tool([sys.executable, "-m", "hangdoc", "dump", "--debug-server", f"127.0.0.1:{port}",
+                          "--timeout", str(int(DBGSRV_PAGE_LIMIT)), "-o", fetched], limit=DBGSRV_PAGE_LIMIT * 3)
+                with open(os.path.join(d, "dbgsrv-dump.txt"), "w") as f:
+                    f.write(r["stdout"] + r["stderr"] + f"\n(exit status {r['rc']})\n")
+        finally:
+            job.stop()
+    if "dbgsrvhd" in columns and os.path.isdir(fetched):
+        hangdoc_report([fetched], os.path.join(d, "dbgsrv-aggregate.json"))
+    return got
+
+
+def run_nvrx(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    """nvidia-resiliency-ext's ``ft_launcher`` with heartbeats (``nvrx_wrapper.py``) and the
+    heartbeat timeout HANG_TIMEOUT; its rank monitors end a hung job themselves (no restarts)."""
+    log = os.path.join(d, "nvrx.log")
+    world = s["truth"]["world"]
+    slow = s["truth"]["kind"] == "slow-not-hung"
+    launcher = [NVRX_PYTHON, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
+                "--ft-initial-rank-heartbeat-timeout", str(NVRX_INITIAL_TIMEOUT),
+                "--ft-rank-heartbeat-timeout", str(HANG_TIMEOUT), "--max-restarts", "0"]
+    for env in s["runs"]:
+        if os.path.exists(log):  # only the last job's output is judged
+            os.replace(log, log + ".before")
+        job = Job([os.path.join(HERE, "nvrx_wrapper.py"), s["path"]], world, env, log, launcher=launcher)
+        try:
+            state = job.wait_hung(world)
+            # a monitor checks every 5 s (its default workload_check_interval), then the launcher
+            # stops the other ranks (up to its 30 s workers-stop timeout); a slow job ends by itself
+            ended = job.wait_for(job.exited, HANG_TIMEOUT + 5 + 45 + (90 if slow else 0))
+        finally:
+            job.stop()
+    return {"state": state, "ended": ended}
+
+
+def run_nvrxip(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
+    """nvidia-resiliency-ext's ``inprocess.Wrapper`` around the scenario, under torchrun of the
+    nvrx interpreter; it interrupts every rank once a rank's progress stamp is HANG_TIMEOUT s old."""
+    log = os.path.join(d, "nvrxip.log")
+    world = s["truth"]["world"]
+    slow = s["truth"]["kind"] == "slow-not-hung"
+    launcher_python = [NVRX_PYTHON, "-m", "torch.distributed.run"]
+    for env in s["runs"]:
+        if os.path.exists(log):  # only the last job's output is judged
+            os.replace(log, log + ".before")
+        job = Job([os.path.join(HERE, "nvrx_inprocess_wrapper.py"), s["path"]], world,
+                  dict(env, NVRX_SOFT_TIMEOUT=str(HANG_TIMEOUT), NVRX_STORE_PORT=str(free_port())), log,
+                  launcher=launcher_python)
+        try:
+            state = job.wait_hung(world)
+            # soft timeout, 1 s for other ranks' reports, the restart (refused: one iteration)
+            # and the termination barrier (60 s) at most; a slow job ends by itself
+            ended = job.wait_for(job.exited, HANG_TIMEOUT * 3 + 70 + (90 if slow else 0))
+        finally:
+            job.stop()
+    return {"state": state, "ended": ended}
+
+
+def nvrx_missing(python: str) -> Optional[str]:
+    """Why ``python`` cannot run column nvrx (None when it can)."""
+    r = tool([python, "-c", "import nvidia_resiliency_ext.fault_tolerance.launcher, importlib.metadata as m; "
+              "print(m.version('nvidia-resiliency-ext'))"], limit=180)
+    if r["rc"] != 0:
+        last = [ln for ln in (r["stderr"] or r["stdout"]).splitlines() if ln.strip()]
+        return f"{python} cannot import nvidia_resiliency_ext ({last[-1][:200] if last else 'exit status ' + str(r['rc'])})"
+    return None
+
+
+def dbgsrv_missing() -> Optional[str]:
+    """Why torch's debug server frontend cannot run here (None when it can)."""
+    missing = [m for m in ("torch.distributed.debug", "jinja2", "tabulate") if _find_spec(m) is None]
+    if _find_spec("requests") is None and _find_spec("aiohttp") is None:
+        missing.append("requests (or aiohttp)")
+    return f"torch's debug server needs {', '.join(missing)}" if missing else None
+
+
+def _find_spec(name: str) -> Any:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
 def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
     """One column's verdict, from the files its run left in the scenario's directory ``d``."""
     if column == "injob":
@@ -416,6 +625,31 @@ def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
         return report_verdict(os.path.join(d, "log-aggregate.json"))
     if column == "frhd":
         return report_verdict(os.path.join(d, "fr-aggregate.json"))
+    if column == "dbgsrvhd":
+        return report_verdict(os.path.join(d, "dbgsrv-aggregate.json"))
+    if column == "nvrx":
+        path = os.path.join(d, "nvrx.log")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return matrix_judge.from_nvrx_log(f.read().decode("utf-8", "replace"))
+    if column == "nvrxip":
+        path = os.path.join(d, "nvrxip.log")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return matrix_judge.from_nvrx_inprocess_log(f.read().decode("utf-8", "replace"))
+    if column == "dbgsrv":
+        index = os.path.join(d, "dbgsrv", "pages.json")
+        if not os.path.exists(index):
+            return None  # the job ended before it hung: its frontend was gone
+        with open(index, encoding="utf-8") as f:
+            saved = json.load(f)
+        pages = {}
+        for path, meta in saved.items():
+            with open(os.path.join(d, "dbgsrv", meta["file"]), "rb") as f:
+                pages[path] = dict(meta, text=f.read().decode("utf-8", "replace"))
+        return matrix_judge.from_debug_server(pages)
     if column == "detail":
         path = os.path.join(d, "detail.log")
         if not os.path.exists(path):
@@ -433,7 +667,8 @@ def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
     raise ValueError(column)
 
 
-RUNNERS = {"hangdoc": run_hangdoc, "detect": run_detect, "plain": run_plain, "detail": run_detail, "fr": run_fr}
+RUNNERS = {"hangdoc": run_hangdoc, "detect": run_detect, "plain": run_plain, "detail": run_detail, "fr": run_fr,
+           "dbgsrv": run_dbgsrv, "nvrx": run_nvrx, "nvrxip": run_nvrxip}
 
 
 def run_scenario(s: Dict[str, Any], out: str, columns: List[str]) -> Dict[str, Any]:
@@ -484,9 +719,13 @@ def table(results: Dict[str, Dict[str, Any]], columns: List[str]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    global NVRX_PYTHON
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", help="comma-separated scenario names (default: all of examples/bugs)")
-    p.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {','.join(COLUMNS)}")
+    p.add_argument("--columns", help=f"comma-separated subset of {','.join(COLUMNS + OPTIONAL_COLUMNS)} (default: "
+                   "all, the optional peers dbgsrv, dbgsrvhd, nvrx only where their packages are importable)")
+    p.add_argument("--nvrx-python", default=NVRX_PYTHON, help="interpreter with nvidia-resiliency-ext installed for "
+                   "column nvrx (default $NVRX_PYTHON or this one)")
     p.add_argument("--jobs", type=int, default=1, help="scenarios run at once (default 1: 2 shared cores)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                    help="gloo on CPU (default) or NCCL, one GPU a rank (scenarios of more ranks than --gpus are not run)")
@@ -497,10 +736,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.rejudge:
         return rejudge(os.path.abspath(args.rejudge))
-    columns = [c for c in args.columns.split(",") if c]
-    bad = set(columns) - set(COLUMNS)
+    asked = args.columns is not None
+    columns = [c for c in (args.columns or ",".join(COLUMNS + OPTIONAL_COLUMNS)).split(",") if c]
+    bad = set(columns) - set(COLUMNS + OPTIONAL_COLUMNS)
     if bad:
         p.error(f"unknown column(s) {', '.join(sorted(bad))}")
+    NVRX_PYTHON = args.nvrx_python
+    unavailable = {}
+    if "nvrx" in columns or "nvrxip" in columns:
+        why = nvrx_missing(NVRX_PYTHON)
+        if why:
+            unavailable.update({c: why for c in ("nvrx", "nvrxip") if c in columns})
+    if "dbgsrv" in columns or "dbgsrvhd" in columns:
+        why = dbgsrv_missing()
+        if why:
+            unavailable.update({c: why for c in ("dbgsrv", "dbgsrvhd") if c in columns})
+    for c, why in unavailable.items():
+        if asked:
+            print(f"bug_matrix: column {c} skipped: {why}", file=sys.stderr)
+    columns = [c for c in columns if c not in unavailable]
+    if not columns:
+        p.error("no column left to run")
     chosen = scenarios(args.only.split(",") if args.only else None)
     global BACKEND
     BACKEND = args.backend
@@ -525,7 +781,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             f.write(md)
         with open(os.path.join(out, "matrix.json"), "w") as f:
             json.dump({"command": command, "backend": BACKEND, "wall_seconds": round(time.monotonic() - t0, 1),
-                       "hang_timeout": HANG_TIMEOUT, "columns": columns, "not_run": skipped, "scenarios": done}, f, indent=1)
+                       "hang_timeout": HANG_TIMEOUT, "columns": columns, "columns_skipped": unavailable, "not_run": skipped, "scenarios": done}, f, indent=1)
         return md
 
     try:

@@ -200,3 +200,147 @@ def _line_at(text: str, i: int) -> str:
     start = text.rfind("\n", 0, i) + 1
     end = text.find("\n", i)
     return text[start:end if end >= 0 else len(text)].strip()[:300]
+
+
+# --- nvidia-resiliency-ext's ft_launcher ----------------------------------------------------------
+
+#: ``[RankMonServer28287@vm:0] Did not get subsequent heartbeat. Waited 8.00 seconds.`` (the rank
+#: monitor of rank 0; its section timeouts print "Section 'x' has been open ..." / "Was out of section ...")
+_NVRX_TIMEOUT = re.compile(r"\[RankMonServer\d{1,10}@[^\]\n]{0,200}?:(\d{1,6})\] (Did not get (?:initial|subsequent) heartbeat"
+                           r"|Section '[^'\n]{0,200}' has been open|Was out of section)")
+#: torchrun's (and so ft_launcher's) first observed failure: ``failed (exitcode: -9) local_rank: 2 (pid: 123) of binary: ...``
+_NVRX_FAILED = re.compile(r"\] failed \(exitcode: (-?\d{1,6})\) local_rank: (\d{1,6})")
+_NVRX_WORLD = re.compile(r"^\s*nproc_per_node\s*:\s*(\d{1,6})\s*$", re.M)
+_NVRX_NODES = re.compile(r"^\s*max_nodes\s*:\s*(\d{1,6})\s*$", re.M)
+#: the kind for ranks a rank monitor says stopped sending heartbeats (nvidia-resiliency-ext's only
+#: word on a hang: no TRUTH kind, so at best PARTIAL)
+NO_HEARTBEAT = "no-heartbeat"
+
+
+def from_nvrx_log(text: str) -> Optional[Dict[str, Any]]:
+    """What ``ft_launcher`` (nvidia-resiliency-ext's fault tolerance) printed that names ranks.
+
+    Each rank has a rank monitor that prints ``Did not get subsequent heartbeat`` (or a section
+    timeout) and ``FT timeout elapsed.`` when its rank sent no heartbeat in time, then kills it.
+    The ranks whose monitor said so are named (kind :data:`NO_HEARTBEAT`); when every rank of the
+    job (``nproc_per_node`` x ``max_nodes`` of its launch config) timed out, it said only that
+    the job hung (:data:`UNATTRIBUTED`, no culprit). Without a timeout, the launcher's first
+    observed worker failure (``failed (exitcode: N) local_rank: R``, torchrun's agent code;
+    one node, so the local rank is the rank) is ``rank-failed``. A launcher that never started
+    its workers is a crash; nothing of these is no verdict.
+
+        >>> log = ("  nproc_per_node   : 2\\n  max_nodes        : 1\\n[..] starting workers for entrypoint: python3\\n"
+        ...        "[2026-11-27 23:40:33,793] [WARNING] [RankMonServer28287@vm:1] Did not get subsequent heartbeat. "
+        ...        "Waited 8.00 seconds.\\n")
+        >>> from_nvrx_log(log)["culprits"], from_nvrx_log(log)["kind"]
+        ([1], 'no-heartbeat')
+        >>> from_nvrx_log(log + log.replace("vm:1]", "vm:0]"))["kind"]
+        'hang-unattributed'
+    """
+    if "starting workers for entrypoint" not in text:
+        last = [ln for ln in text.strip().splitlines() if ln.strip()]
+        return {"crash": (last[-1] if last else "no output")[:300]} if last else None
+    timed_out = sorted(set(int(m.group(1)) for m in _NVRX_TIMEOUT.finditer(text)))
+    if timed_out:
+        first = _NVRX_TIMEOUT.search(text)
+        w, n = _NVRX_WORLD.search(text), _NVRX_NODES.search(text)
+        world = int(w.group(1)) * (int(n.group(1)) if n else 1) if w else None
+        out = {"summary": _line_at(text, first.start()), "timed_out": timed_out}
+        if world is not None and set(timed_out) >= set(range(world)):
+            return dict(out, kind=UNATTRIBUTED, culprits=[])
+        return dict(out, kind=NO_HEARTBEAT, culprits=timed_out)
+    m = _NVRX_FAILED.search(text)
+    if m:
+        return {"kind": "rank-failed", "culprits": [int(m.group(2))], "summary": _line_at(text, m.start())}
+    return None
+
+
+# --- torch's debug server (torch.distributed.debug.start_debug_server) ----------------------------
+
+#: the frontend's pages a user opens from its navigation bar; ``/fr_trace`` (``/fr_trace_nccl`` on
+#: NCCL) is its only analysis: fr_trace's tables built from every rank's Flight Recorder
+DEBUG_SERVER_PAGES = ("/", "/stacks", "/fr_trace", "/fr_trace_json", "/pyspy_dump", "/wait_counters", "/tcpstore",
+                      "/torchcomms_health_check")
+DEBUG_SERVER_ANALYSIS = ("/fr_trace", "/fr_trace_nccl")
+# "<h2>Rank 1: http://vm:35653/handler/dump_traceback?</h2>\n            <p>Failed to fetch: status=408</p>"
+_DS_FAILED = re.compile(r"<h2>Rank (\d{1,6}): [^<\n]{0,500}</h2>\s{0,200}<p>Failed to fetch: status=(\d{1,4})</p>")
+# the error page of Python's http.server: "<p>Message: Exception: KeyError(('0', 0)).</p>"
+_DS_ERROR = re.compile(r"<p>Message: ([^<\n]{0,300})</p>")
+_TD_ROW = re.compile(r"<tr>(.{0,20000}?)</tr>", re.S)
+_TD_CELL = re.compile(r"<t[dh][^>]{0,100}>(.{0,5000}?)</t[dh]>", re.S)
+
+
+def from_debug_server(pages: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """What torch's debug server frontend showed, as a verdict; ``pages`` is ``{path: {"status":
+    int, "text": str}}`` (``status`` 0 with an ``error`` when the page could not be fetched).
+
+    In order: a collective of the ``/fr_trace`` analysis tables that names ``missing_ranks``
+    (collective-mismatch, fr_trace's word); the ranks whose worker did not answer the frontend on
+    ``/stacks`` (``Failed to fetch: status=408``: a 404 is a handler the worker lacks, not the
+    worker) as ``unresponsive-process``; the analysis page failing (HTTP 500) is a crash. The
+    other pages (stacks, py-spy stacks, raw Flight Recorder JSON, wait counters, the store) are
+    raw per-rank data that names no rank as a culprit: with nothing else, no verdict.
+    """
+    for path in DEBUG_SERVER_ANALYSIS:
+        page = pages.get(path) or {}
+        if page.get("status") == 200:
+            missing = _missing_ranks(page.get("text", ""))
+            if missing:
+                return {"kind": "collective-mismatch", "culprits": missing, "summary": f"{path}: missing_ranks {missing}"}
+    stacks = (pages.get("/stacks") or {}).get("text", "")
+    failed = sorted(set(int(m.group(1)) for m in _DS_FAILED.finditer(stacks) if m.group(2) != "404"))
+    if failed:
+        first = next(m for m in _DS_FAILED.finditer(stacks) if m.group(2) != "404")
+        return {"kind": "unresponsive-process", "culprits": failed,
+                "summary": "/stacks: " + " ".join(re.sub(r"<[^>]{0,20}>", " ", first.group(0)).split())}
+    for path in DEBUG_SERVER_ANALYSIS:
+        page = pages.get(path) or {}
+        if page.get("status", 0) >= 500:
+            m = _DS_ERROR.search(page.get("text", ""))
+            return {"crash": f"{path}: HTTP {page['status']}: " + (m.group(1) if m else "no message")}
+    return None
+
+
+def _missing_ranks(table_page: str) -> List[int]:
+    """The ``missing_ranks`` of the first collective in ``/fr_trace``'s Collectives table (tabulate's
+    HTML) that has any; [] when the page has no such column or no rank is missing."""
+    header: List[str] = []
+    for row in _TD_ROW.finditer(table_page):
+        cells = [re.sub(r"<[^>]{0,200}>", "", c).strip() for c in _TD_CELL.findall(row.group(1))]
+        if "<th" in row.group(1):
+            header = cells
+            continue
+        if "missing_ranks" in header and len(cells) == len(header):
+            ranks = [int(x) for x in re.findall(r"\d{1,6}", cells[header.index("missing_ranks")])]
+            if ranks:
+                return sorted(set(ranks))
+    return []
+
+
+# --- nvidia-resiliency-ext's in-process restart (inprocess.Wrapper) --------------------------------
+
+#: ``RankShouldRestart('Interruption.SOFT_TIMEOUT on ranks={2}')`` (attribution.format_interruption_records:
+#: one "INTERRUPTION on ranks={...}" per kind, joined by ", ")
+_IP_RECORD = re.compile(r"Interruption\.([A-Z_]{1,40}) on ranks=\{([\d, ]{0,4000})\}")
+#: what each interruption says of its ranks
+_IP_KIND = {"SOFT_TIMEOUT": NO_HEARTBEAT, "HARD_TIMEOUT": NO_HEARTBEAT, "UNRESPONSIVE": "unresponsive-process",
+            "EXCEPTION": "rank-failed", "BASE_EXCEPTION": "rank-failed", "TERMINATED": "rank-failed",
+            "MONITOR_PROCESS_EXCEPTION": "rank-failed"}
+
+
+def from_nvrx_inprocess_log(text: str) -> Optional[Dict[str, Any]]:
+    """The first interruption ``inprocess.Wrapper`` reported (the message of the ``RankShouldRestart``
+    it raises in every rank): its ranks, as :data:`NO_HEARTBEAT` for a progress timeout (soft or
+    hard), ``unresponsive-process`` for a missing heartbeat, ``rank-failed`` for an exception or a
+    terminated rank. A message naming several interruptions is read by its first.
+
+        >>> v = from_nvrx_inprocess_log("... RankShouldRestart('Interruption.SOFT_TIMEOUT on ranks={2}') <- ...")
+        >>> v["kind"], v["culprits"]
+        ('no-heartbeat', [2])
+    """
+    m = _IP_RECORD.search(text)
+    if not m:
+        return None
+    ranks = sorted(set(int(x) for x in re.findall(r"\d{1,6}", m.group(2))))
+    return {"kind": _IP_KIND.get(m.group(1), NO_HEARTBEAT), "culprits": ranks, "summary": _line_at(text, m.start()),
+            "interruption": m.group(1)}
