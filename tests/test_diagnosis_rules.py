@@ -199,6 +199,22 @@ def test_p2p_stall_without_peers_a_first_stage_sending_is_a_candidate_not_a_culp
     assert [c.rank for c in f.candidates] == [0]
 
 
+def test_every_rank_at_one_line_inside_a_loop_is_not_called_a_hang_below_python(tmp_path):
+    # examples/bugs/group_order.py: two groups reduced in opposite orders, all at one line of a loop
+    src = tmp_path / "group_order.py"
+    src.write_text("def main(groups, x):\n    for g in groups:\n        dist.all_reduce(x, group=g)\n")
+    at = user(Frame("main", str(src), 3), lib("all_reduce", 2501)), "idle"
+    f = head([proc(r, at) for r in range(4)])
+    assert f.kind == "collective-wait" and f.culprits == []
+    assert "a call inside a loop" in f.summary and "the hang is below Python" not in f.summary
+    assert f.advice[0].startswith("Run again with the collective recorder")
+    flat = tmp_path / "flat.py"  # not in a loop: below Python
+    flat.write_text("def main(x):\n    y = 1\n    dist.all_reduce(x)\n")
+    at = user(Frame("main", str(flat), 3), lib("all_reduce", 2501)), "idle"
+    f = head([proc(r, at) for r in range(4)])
+    assert f.summary.endswith("the hang is below Python"), f.summary
+
+
 def test_unresponsive_and_stopped():
     procs = [proc(r, all_reduce()) for r in range(4)]
     procs[1] = Process(host="node0", pid=1001, rank=1, status=STATUS_STOPPED, status_detail="state T")

@@ -630,21 +630,31 @@ class _Analysis:
                     0.3,
                 ))
                 return
+            site = w.call_site
+            known = in_loop(site.file, site.line) if site and site.file and site.line else None
+            looped = known is True
             self.out.append(Finding(
                 "collective-wait",
-                f"every rank waits in {w.describe()}: the hang is below Python",
+                f"every rank waits in {w.describe()}: the hang is below Python" if known is False or site is None else
+                f"every rank waits in {w.describe()}, a call inside a loop: below Python if they are all in the "
+                "same iteration, a collective mismatch if some are in another (the stacks cannot tell which)" if looped else
+                f"every rank waits in {w.describe()}: the hang is below Python, unless the ranks are in different "
+                "iterations of a loop around it (the stacks cannot tell)",
                 [],
                 [f"{self.who_b(bs)}: {w.describe()}"] + loop_notes + ([
                     "With NCCL, collectives run asynchronously: ranks block at the first host sync after them "
                     f"({w.op}), so the stacks show where the ranks noticed the hang, not which collective hangs; "
                     "the Flight Recorder (`TORCH_NCCL_TRACE_BUFFER_SIZE`) or the collective records show the "
                     "collective each rank is in."] if w.category == "host-sync" else []),
+                ([_RECORDS_ADVICE, "Dump with `py-spy dump --locals` (or `hangdoc dump`, which passes it): the group and "
+                                   "the step counter in the locals tell the iterations apart."]
+                 if looped else []) +
                 ["Turn on `NCCL_DEBUG=INFO` (and `NCCL_DEBUG_SUBSYS=COLL,P2P`) to see which rank the collective waits for.",
                  "Run the all-ranks connectivity test in `examples/` on the same nodes to find a bad link or node.",
                  "Isolate GPUs: rerun on subsets of nodes; a slow or dead GPU holds everyone.",
-                 "`CUDA_LAUNCH_BLOCKING=1` surfaces asynchronous CUDA errors at the call that caused them.",
-                 _RECORDS_ADVICE],
-                0.6,
+                 "`CUDA_LAUNCH_BLOCKING=1` surfaces asynchronous CUDA errors at the call that caused them."] +
+                ([] if looped else [_RECORDS_ADVICE]),
+                0.5 if looped else 0.6,
             ))
             return
         self._mismatch(places, blocked, busy, loop_notes)
