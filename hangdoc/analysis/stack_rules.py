@@ -342,40 +342,33 @@ class _Analysis:
                 for p in b.procs:
                     status_of[id(p)] = st = _status(p, b)
                     by_status.setdefault(st[0], []).append(p)
-        exited = by_status.pop(STATUS_EXITED, [])
-        died = [p for p in exited if status_of[id(p)][1] == DIED_IN_JOB.replace("_", " ")]
-        if died and len(died) == len(exited):
-            # rank 0's exit verdict saw them gone before the teardown, with no exit dump: they
-            # failed (killed, aborted in native code), and the others failed after them
-            died = _sorted(died)
-            details = _cap([f"{who([p])}: its process ended while the job ran, leaving no dump (no exception "
-                            "of its own: killed by a signal, or aborted in native code)"
-                            + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in died], "failed processes")
-            if waiting:
-                details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
-            self.out.append(Finding(
-                "rank-failed", f"{who(died)} died while the job ran (killed, or aborted in native code)",
-                _culprits(died), details,
-                ["Its lines in the job's log say how: `terminate called after throwing ...` (a native abort: "
-                 "gloo's and NCCL's checks of sizes and types end so), the exit code or signal in torchrun's "
-                 "failure table; `dmesg` on its node for the OOM killer (SIGKILL).",
-                 "The other ranks' errors (`Connection closed by peer`, timeouts) are its consequence."],
-                0.85))
-            exited = []
+        exited = _sorted(by_status.pop(STATUS_EXITED, []))
         if exited:
-            # gone before hangdoc dump reached it: no stack, and the likeliest reason for the wait
-            exited = _sorted(exited)
-            details = _cap([f"{who([p])}: pid {p.pid} on {p.host or '?'} was gone when dumped ({status_of[id(p)][1] or 'exited'})"
-                            + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in exited], "exited processes")
+            # every one seen gone before the teardown with no exit dump (rank 0's exit verdict): they
+            # failed (killed, aborted in native code) and the others failed after them; else gone
+            # before hangdoc dump reached them: no stack, and the likeliest reason for the wait
+            died = all(status_of[id(p)][1] == DIED_IN_JOB.replace("_", " ") for p in exited)
+            if died:
+                kind, conf = "rank-failed", 0.85
+                summary = f"{who(exited)} died while the job ran (killed, or aborted in native code)"
+                advice = ["Its lines in the job's log say how: `terminate called after throwing ...` (a native abort: "
+                          "gloo's and NCCL's checks of sizes and types end so), the exit code or signal in torchrun's "
+                          "failure table; `dmesg` on its node for the OOM killer (SIGKILL).",
+                          "The other ranks' errors (`Connection closed by peer`, timeouts) are its consequence."]
+            else:
+                kind, conf = "missing-rank", 0.75 if others else 0.5
+                summary = f"{who(exited)} exited before {'it' if len(exited) == 1 else 'they'} could be dumped"
+                advice = ["Its log (the last traceback, the exit code in torchrun's failure table) and `dmesg` on its node "
+                          "(OOM killer) say why it died; the other ranks wait for it in their next collective.",
+                          "If it was restarted (torchrun --max-restarts), the new process has a new pid: dump the node again."]
+            details = _cap([(f"{who([p])}: its process ended while the job ran, leaving no dump (no exception of its "
+                             "own: killed by a signal, or aborted in native code)" if died else
+                             f"{who([p])}: pid {p.pid} on {p.host or '?'} was gone when dumped ({status_of[id(p)][1] or 'exited'})")
+                            + (f" [{p.source}:{p.source_line}]" if p.source else "") for p in exited],
+                           "failed processes" if died else "exited processes")
             if waiting:
                 details += [f"meanwhile {line}" for line in self.evidence_lines(waiting)]
-            self.out.append(Finding(
-                "missing-rank", f"{who(exited)} exited before {'it' if len(exited) == 1 else 'they'} could be dumped",
-                _culprits(exited), details,
-                ["Its log (the last traceback, the exit code in torchrun's failure table) and `dmesg` on its node "
-                 "(OOM killer) say why it died; the other ranks wait for it in their next collective.",
-                 "If it was restarted (torchrun --max-restarts), the new process has a new pid: dump the node again."],
-                0.75 if others else 0.5))
+            self.out.append(Finding(kind, summary, _culprits(exited), details, advice, conf))
         for status, procs in sorted(by_status.items()):
             procs = _sorted(procs)
             details = _cap([f"{who([p])}: {status}" + (f" ({status_of[id(p)][1]})" if status_of[id(p)][1] else "")
