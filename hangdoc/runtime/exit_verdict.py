@@ -37,6 +37,8 @@ from typing import Any, Dict, List, Optional
 WAIT = 3.0
 #: seconds without a new or growing file after which the dumps are taken as complete
 SETTLE = 0.6
+#: seconds a rank waits at most to learn whether the ranks below it died (then it reports)
+REPORTER_WAIT = 5.0
 #: files older than the watchdog's start by more than this are an earlier run's
 SLACK = 10.0
 
@@ -149,8 +151,9 @@ def at_exit(dog: Any, why: str, raised: bool = False) -> bool:
         ident = identity()
         if ident.world_size < 2:
             return False
-        gone = gone_ranks(ident)  # now, before the teardown ends the others too
-        if not _reports(ident, gone, dog.out_dir, getattr(dog, "started_wall", time.time()) - SLACK):
+        since = getattr(dog, "started_wall", time.time()) - SLACK
+        gone = _reporter(ident, dog.out_dir, since)  # now, before the teardown ends the others too
+        if gone is None:
             return False
         return _run(dog, ident, why, raised, gone)
     except Exception as e:
@@ -163,15 +166,28 @@ def at_exit(dog: Any, why: str, raised: bool = False) -> bool:
         return False
 
 
-def _reports(ident: Any, gone: List[int], out_dir: str, since: float) -> bool:
-    """Rank 0 reports; when rank 0 died with no dump (a native abort), the lowest rank of its node
-    whose lower ranks all did."""
-    if ident.rank == 0:
-        return True
-    if ident.rank - ident.local_rank != 0 or ident.rank > len(gone):
-        return False
-    files = _fresh(out_dir, since)
-    return all(r in gone and r not in files for r in range(ident.rank))
+def _reporter(ident: Any, out_dir: str, since: float) -> Optional[List[int]]:
+    """The ranks of this node gone already, when this rank reports; None when another one does.
+
+    Rank 0 reports; when rank 0 died with no dump (a native abort), the lowest rank of its node
+    whose lower ranks all did. A rank that dies takes a moment to be gone (an abort on a loaded
+    machine): a lower rank neither gone nor dumped is waited for, :data:`REPORTER_WAIT` s at most."""
+    deadline = time.monotonic() + REPORTER_WAIT
+    while True:
+        gone = gone_ranks(ident)
+        if ident.rank == 0:
+            return gone
+        if ident.rank - ident.local_rank != 0:
+            return None  # rank 0 is on another node: it reports
+        files = _fresh(out_dir, since)
+        lower = range(ident.rank)
+        if any(r in files for r in lower):
+            return None  # a lower rank dumped: it lives and reports, or one below it does
+        if all(r in gone for r in lower):
+            return gone
+        if time.monotonic() >= deadline:
+            return None  # a lower rank lives on: it reports when the launcher stops it
+        time.sleep(0.1)
 
 
 def _run(dog: Any, ident: Any, why: str, raised: bool, gone: List[int]) -> bool:

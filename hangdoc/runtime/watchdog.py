@@ -198,6 +198,14 @@ class Watchdog:
             from hangdoc.runtime import on_term
 
             on_term.install(self._on_term)  # rank 0's verdict of a job failing before any stall
+            # what the exit paths import, imported now in this thread: a raising main thread and
+            # the SIGTERM thread importing the same modules at once got "cannot import name
+            # 'defang' from partially initialized module 'hangdoc.tags'" and no verdict
+            import hangdoc.collect  # noqa: F401
+            import hangdoc.proctree  # noqa: F401
+            import hangdoc.runtime.exit_verdict  # noqa: F401
+            import hangdoc.runtime.siblings  # noqa: F401
+            import hangdoc.tags  # noqa: F401
         self._seen = self._progress()
         self._thread = threading.Thread(target=self._run, name="hangdoc-watchdog", daemon=True)
         self._thread.start()
