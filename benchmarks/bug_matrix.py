@@ -611,6 +611,19 @@ def _find_spec(name: str) -> Any:
         return None
 
 
+#: columns whose verdict is one saved log parsed by the judge: (file in the scenario's directory, parser)
+_LOG_VERDICTS = {"nvrx": ("nvrx.log", matrix_judge.from_nvrx_log),
+                 "nvrxip": ("nvrxip.log", matrix_judge.from_nvrx_inprocess_log),
+                 "detail": ("detail.log", matrix_judge.from_detail_log)}
+
+
+def _text(path: str) -> Optional[str]:
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+
 def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
     """One column's verdict, from the files its run left in the scenario's directory ``d``."""
     if column == "injob":
@@ -627,18 +640,10 @@ def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
         return report_verdict(os.path.join(d, "fr-aggregate.json"))
     if column == "dbgsrvhd":
         return report_verdict(os.path.join(d, "dbgsrv-aggregate.json"))
-    if column == "nvrx":
-        path = os.path.join(d, "nvrx.log")
-        if not os.path.exists(path):
-            return None
-        with open(path, "rb") as f:
-            return matrix_judge.from_nvrx_log(f.read().decode("utf-8", "replace"))
-    if column == "nvrxip":
-        path = os.path.join(d, "nvrxip.log")
-        if not os.path.exists(path):
-            return None
-        with open(path, "rb") as f:
-            return matrix_judge.from_nvrx_inprocess_log(f.read().decode("utf-8", "replace"))
+    if column in _LOG_VERDICTS:
+        name, parse = _LOG_VERDICTS[column]
+        text = _text(os.path.join(d, name))
+        return None if text is None else parse(text)
     if column == "dbgsrv":
         index = os.path.join(d, "dbgsrv", "pages.json")
         if not os.path.exists(index):
@@ -650,12 +655,6 @@ def verdict(d: str, column: str) -> Optional[Dict[str, Any]]:
             with open(os.path.join(d, "dbgsrv", meta["file"]), "rb") as f:
                 pages[path] = dict(meta, text=f.read().decode("utf-8", "replace"))
         return matrix_judge.from_debug_server(pages)
-    if column == "detail":
-        path = os.path.join(d, "detail.log")
-        if not os.path.exists(path):
-            return None
-        with open(path, "rb") as f:
-            return matrix_judge.from_detail_log(f.read().decode("utf-8", "replace"))
     if column == "fr":
         path = os.path.join(d, "fr_trace.txt")
         if not os.path.exists(path):
