@@ -372,14 +372,27 @@ def g_flight_recorder(rng: random.Random) -> Files:
 
 
 def g_pyspy_json(rng: random.Random) -> Files:
+    """py-spy's ``--json`` output. Built bounded: frames stop once the text would pass MAX_INPUT (the
+    whole JSON of 3 x 12,000 frames with 70 KB names, built before the cut, made the harness's own
+    peak RSS 420 MB)."""
+    indent = rng.choice([None, 2])
+    size = 0
     threads = []
     for t in range(rng.randint(1, 3)):
         depth = rng.choice([1, 5, 12_000])
+        frames = []
+        for _ in range(depth):
+            frame = {"name": _name(rng), "filename": _file(rng), "line": _jint(rng),
+                     "locals": rng.choice([None, [{"name": "rank", "repr": _num(rng)}], "x"])}
+            size += len(json.dumps(frame, indent=indent)) + 8
+            frames.append(frame)
+            if size > MAX_INPUT:
+                break
         threads.append({"pid": _jint(rng), "thread_id": _jint(rng), "thread_name": rng.choice(["MainThread", {"x": 1}, "a\nb"]),
-                        "owns_gil": False, "active": rng.choice([True, False, None]),
-                        "frames": [{"name": _name(rng), "filename": _file(rng), "line": _jint(rng),
-                                    "locals": rng.choice([None, [{"name": "rank", "repr": _num(rng)}], "x"])} for _ in range(depth)]})
-    text = json.dumps(threads, indent=rng.choice([None, 2]))[:MAX_INPUT]
+                        "owns_gil": False, "active": rng.choice([True, False, None]), "frames": frames})
+        if size > MAX_INPUT:
+            break
+    text = json.dumps(threads, indent=indent)[:MAX_INPUT]
     if rng.random() < 0.1:
         text = "[" + "[" * 50_000
     return [("pyspy-" + str(rng.randint(0, 9)) + ".out", text.encode())]

@@ -179,3 +179,24 @@ def _planted_trace_file_is_refused(out, uid, as_attacker):
     tracer.stop()
     with open(planted) as f:
         assert f.read() == "theirs\n"
+
+
+def test_the_exchange_and_the_exit_verdict_read_only_fresh_regular_files_of_the_output_dir(tmp_path):
+    """A link, a FIFO or an empty file named like a rank's dump in a shared output directory is
+    never taken for one (the stall report and the exit verdict would open it)."""
+    from hangdoc.runtime import exchange, exit_verdict
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root only\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stacks-n1-r0-11.txt").write_text("# hangdoc process rank=0\n")
+    os.symlink(secret, out / "stacks-n1-r1-12.txt")
+    os.mkfifo(out / "collectives-n1-r2-13.jsonl")
+    (out / "stacks-n1-r3-14.txt").write_text("")
+    (out / "stacks-n1-r4-gone.txt").write_text("# exited\n")
+    since = time.time() - 60
+    assert exchange.fresh_rank_files(str(out), since) == {0: [str(out / "stacks-n1-r0-11.txt")]}
+    assert exit_verdict._fresh(str(out), since) == {0: [str(out / "stacks-n1-r0-11.txt")],
+                                                    4: [str(out / "stacks-n1-r4-gone.txt")]}
+    assert exchange.fresh_rank_files(str(out), time.time() + 60) == {}

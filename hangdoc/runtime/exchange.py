@@ -29,6 +29,7 @@ import glob
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -387,21 +388,30 @@ def _collect_store(store: Any, world: int, entries: Dict[int, Dict[str, Any]]) -
             entries[r] = entry
 
 
-_RANK_IN_NAME = re.compile(r"^(?:stacks|collectives)-.*-r(\d+)-\d+\.(?:txt|jsonl)$")
+_RANK_IN_NAME = re.compile(r"^(?:stacks|collectives)-.*-r(\d{1,9})-\d{1,12}\.(?:txt|jsonl)$")
+
+
+def fresh_rank_files(out_dir: str, since: float, name_re: "re.Pattern[str]" = _RANK_IN_NAME) -> Dict[int, List[str]]:
+    """The per-rank files in ``out_dir`` written since ``since`` (epoch seconds), by rank: only
+    regular, non-empty files named like ``name_re`` (rank in group 1). ``lstat``: a link or FIFO
+    planted in a shared output directory is no dump of this job and is never opened."""
+    found: Dict[int, List[str]] = {}
+    for path in glob.glob(os.path.join(glob.escape(out_dir), "*-r*-*.*")):
+        m = name_re.match(os.path.basename(path))
+        if not m:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_mtime >= since and st.st_size > 0:
+            found.setdefault(int(m.group(1)), []).append(path)
+    return found
 
 
 def _fresh_files(dog: Any) -> Dict[int, List[str]]:
     """Files of this stall in the output directory (shared filesystem fallback), by rank."""
-    since = dog.last_progress_wall - max(2.0, dog.hang_timeout)
-    found: Dict[int, List[str]] = {}
-    for path in glob.glob(os.path.join(dog.out_dir, "*-r*-*.*")):
-        m = _RANK_IN_NAME.match(os.path.basename(path))
-        try:
-            if m and os.path.getmtime(path) >= since:
-                found.setdefault(int(m.group(1)), []).append(path)
-        except OSError:
-            pass
-    return found
+    return fresh_rank_files(dog.out_dir, dog.last_progress_wall - max(2.0, dog.hang_timeout))
 
 
 def _collect_files(dog: Any, entries: Dict[int, Dict[str, Any]]) -> None:
