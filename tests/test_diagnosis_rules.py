@@ -337,3 +337,37 @@ def test_no_hang_signature_never_gets_a_culprit(busy, missing_none):
     assert [f.kind for f in found] == ["no-hang"]
     assert all(not f.culprits for f in found)
     assert all(not f.culprits for f in diagnose(Report(job=Job(processes=procs))))
+
+
+# --- a rank's fatal stack against the others' records (hangdoc.analysis.fatal_rules) ---------------
+
+def _fatal_case(fatal_line=27, fatal_records=False, other_lines=(38, 38, 38)):
+    from hangdoc.model import CollectiveRecord, Frame, Job, Process, Report, Thread
+
+    recs = [CollectiveRecord(rank=r, seq=7, op="all_reduce", call_site=f"/w/train.py:{line}:main", state="issued")
+            for r, line in zip((0, 2, 3), other_lines)]
+    if fatal_records:
+        recs.append(CollectiveRecord(rank=1, seq=7, op="all_reduce", call_site="/w/train.py:27:log", state="issued"))
+    stack = (Frame("main", "/w/train.py", 37), Frame("log", "/w/train.py", fatal_line),
+             Frame("all_reduce", "torch/distributed/distributed_c10d.py", 3252))
+    p = Process(host="n1", pid=9, rank=1, threads=[Thread("1", "MainThread", stack, is_main=True)],
+                meta={"fatal_error": "Aborted"})
+    return Report(job=Job(processes=[p], records=recs))
+
+
+def test_fatal_stack_at_a_call_the_others_are_not_making_names_that_rank():
+    from hangdoc.analysis import fatal_rules
+
+    [f] = fatal_rules.findings(_fatal_case())
+    assert f.kind == "collective-mismatch" and [c.rank for c in f.culprits] == [1]
+    assert "train.py:27" in f.summary and "train.py:38" in f.summary
+
+
+def test_fatal_stack_at_the_call_the_others_are_in_or_with_records_or_no_agreement_blames_nobody():
+    """An abort at the same call (a size or dtype mismatch: either side may abort), a rank whose own
+    records exist (the record rules judge it), others that disagree among themselves: no finding."""
+    from hangdoc.analysis import fatal_rules
+
+    assert fatal_rules.findings(_fatal_case(fatal_line=38)) == []
+    assert fatal_rules.findings(_fatal_case(fatal_records=True)) == []
+    assert fatal_rules.findings(_fatal_case(other_lines=(38, 38, 40))) == []

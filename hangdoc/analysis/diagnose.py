@@ -20,6 +20,7 @@ RULES: List[str] = [
     "hangdoc.analysis.stack_rules:findings",
     "hangdoc.analysis.record_rules:findings",
     "hangdoc.analysis.log_rules:findings",
+    "hangdoc.analysis.fatal_rules:findings",
 ]
 
 
@@ -33,6 +34,7 @@ _ORIGIN = {
     "hangdoc.analysis.stack_rules:findings": "stacks",
     "hangdoc.analysis.record_rules:findings": "collective records",
     "hangdoc.analysis.log_rules:findings": "console logs",
+    "hangdoc.analysis.fatal_rules:findings": "a fatal stack and the records",
 }
 #: kinds whose culprits add up across rules (each rule names processes the other did not see).
 _ADDITIVE = frozenset({"missing-rank", "unresponsive-process"})
@@ -76,13 +78,16 @@ MAX_NOTES = 5
 
 def _process_notes(report: Report, headline: Finding) -> List[str]:
     """What the readers learnt about single processes that bears on the verdict: the exception a
-    rank printed (folded in from a log) and a stack that changed between two dumps of one process
-    (it was moving, not stuck). Culprits first."""
+    rank printed (folded in from a log), a fatal signal it died of (its faulthandler dump), and a
+    stack that changed between two dumps of one process (it was moving, not stuck). Culprits first."""
     culprits = {(c.host, c.pid, c.rank) for c in headline.culprits}
-    noted = [p for p in report.job.processes if "exception" in p.meta or p.meta.get("moved")]
+    noted = [p for p in report.job.processes if "exception" in p.meta or p.meta.get("moved") or p.meta.get("fatal_error")]
     noted.sort(key=lambda p: ((p.host, p.pid, p.rank) not in culprits, p.key))
     out: List[str] = []
     for p in noted[:MAX_NOTES]:
+        if p.meta.get("fatal_error"):
+            out.append(f"{p.describe()} died of a fatal signal in this stack (Fatal Python error: {p.meta['fatal_error']}): "
+                       f"a native abort, such as gloo's or NCCL's check of a collective that does not match its peers'")
         if "exception" in p.meta:
             at = f" ({p.meta['exception_at']})" if p.meta.get("exception_at") else ""
             out.append(f"{p.describe()} printed {p.meta['exception']}{at}")

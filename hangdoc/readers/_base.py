@@ -200,7 +200,7 @@ class FileContext:
 _TRACE_NAME_RE = re.compile(r"^trace-(.+?)\.(?:out|txt|log)$")
 # NicerTrace's own trace-{host}-{local_rank}-{pid}.txt (hangdoc.runtime.options.KINDS)
 _NICERTRACE_NAME_RE = re.compile(r"^trace-(.+)-(\d+)-(\d+)\.txt$")
-_HANGDOC_NAME_RE = re.compile(r"^(?:stacks|trace|collectives)-(.+)-r(\d+)-(\d+)\.(?:txt|jsonl|out)$")
+_HANGDOC_NAME_RE = re.compile(r"^(?:stacks|trace|collectives|fatal)-(.+)-r(\d+)-(\d+)\.(?:txt|jsonl|out)$")
 _RANK_NAME_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?:[^\d]|$)", re.I)
 
 

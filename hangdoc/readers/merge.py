@@ -24,6 +24,7 @@ from hangdoc.model import (
     ParseError,
     Process,
     Source,
+    Thread,
 )
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers.events import join_events
@@ -197,7 +198,9 @@ def _merge_duplicates(job: Job) -> None:
         _, keep = max(enumerate(same), key=lambda ip: (ip[1].status == STATUS_OK, _frame_count(ip[1]), ip[0]))
         keep.meta["snapshots"] = len(same)
         stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
-        if len(stacks) > 1:
+        if _raise_dump(same, keep):
+            pass  # one dump of a raise: the main thread is where it raised, not a second snapshot
+        elif len(stacks) > 1:
             keep.meta["moved"] = True
         for p in same:
             if p is not keep:
@@ -219,6 +222,25 @@ def _merge_duplicates(job: Job) -> None:
     _merge_snapshots(job, drop)
     if drop:
         job.processes[:] = [p for p in job.processes if id(p) not in drop]
+
+
+def _raise_dump(same: List[Process], keep: Process) -> bool:
+    """The watchdog's dump of a rank whose main function raised is the traceback, then every
+    thread's stack taken in the handler, the main thread's inside hangdoc's own dump code. Kept as
+    one process: the snapshot's threads, with the traceback's main thread (where it raised) in
+    place of the handler's. True when ``same`` is such a pair and ``keep`` was mended."""
+    if len(same) != 2 or not str(keep.meta.get("reason", "")).startswith("raised_"):
+        return False
+    tb = next((p for p in same if p is not keep and p.format == "traceback" and p.meta.get("reason") == keep.meta["reason"]), None)
+    raised = tb.main_thread if tb is not None else None
+    if raised is None or not raised.frames or keep.format not in _SNAPSHOT_FORMATS:
+        return False
+    main = keep.main_thread
+    threads = [t for t in keep.threads if t is not main]
+    keep.threads = [Thread(ident=main.ident if main is not None else raised.ident, name=raised.name, frames=raised.frames,
+                           state=raised.state, is_main=True)] + threads
+    keep.meta.setdefault("exception", tb.meta.get("exception"))
+    return True
 
 
 def _mtime(path: str) -> float:

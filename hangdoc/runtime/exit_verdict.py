@@ -25,10 +25,8 @@ it (:func:`hangdoc.runtime.on_term.holding`, bounded): launchers give 30 s befor
 
 from __future__ import annotations
 
-import glob
 import os
 import re
-import stat
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -43,7 +41,8 @@ REPORTER_WAIT = 5.0
 SLACK = 10.0
 
 _claimed = threading.Lock()
-_RANK_FILE = re.compile(r"^(?:stacks|collectives)-.*-r(\d{1,9})-(?:\d{1,12}|gone)\.(?:txt|jsonl)$")
+#: a rank's exit dump, records, "gone" line, or the stack of its native abort (hangdoc.runtime.fatal)
+_RANK_FILE = re.compile(r"^(?:stacks|collectives|fatal)-.*-r(\d{1,9})-(?:\d{1,12}|gone)\.(?:txt|jsonl)$")
 
 
 def gone_ranks(ident: Any, environ: Optional[Dict[str, str]] = None) -> List[int]:
@@ -75,16 +74,9 @@ def gone_ranks(ident: Any, environ: Optional[Dict[str, str]] = None) -> List[int
 
 
 def _fresh(out_dir: str, since: float) -> Dict[int, List[str]]:
-    found: Dict[int, List[str]] = {}
-    for path in glob.glob(os.path.join(glob.escape(out_dir), "*-r*-*.*")):
-        m = _RANK_FILE.match(os.path.basename(path))
-        try:
-            st = os.lstat(path)  # a link planted in a shared output directory is no dump of this job
-            if m and stat.S_ISREG(st.st_mode) and st.st_mtime >= since and st.st_size > 0:
-                found.setdefault(int(m.group(1)), []).append(path)
-        except OSError:
-            pass
-    return found
+    from hangdoc.runtime.exchange import fresh_rank_files
+
+    return fresh_rank_files(out_dir, since, _RANK_FILE)
 
 
 def _sizes(files: Dict[int, List[str]]) -> Dict[str, int]:
@@ -118,8 +110,11 @@ def _wait_for_dumps(out_dir: str, since: float, want: set) -> Dict[int, List[str
 
 
 def _raised(paths: List[str]) -> bool:
-    """Whether a rank's stacks file says its main function raised (the tag line's reason)."""
+    """Whether a rank's stacks file says its main function raised (the tag line's reason), or the
+    rank died of a fatal signal (its fatal file holds a stack)."""
     for p in paths:
+        if os.path.basename(p).startswith("fatal-"):
+            return True
         if not os.path.basename(p).startswith("stacks-"):
             continue
         try:
@@ -181,8 +176,8 @@ def _reporter(ident: Any, out_dir: str, since: float) -> Optional[List[int]]:
             return None  # rank 0 is on another node: it reports
         files = _fresh(out_dir, since)
         lower = range(ident.rank)
-        if any(r in files for r in lower):
-            return None  # a lower rank dumped: it lives and reports, or one below it does
+        if any(not os.path.basename(p).startswith("fatal-") for r in lower for p in files.get(r, ())):
+            return None  # a lower rank dumped (not its native abort's stack): it lives and reports, or one below it does
         if all(r in gone for r in lower):
             return gone
         if time.monotonic() >= deadline:

@@ -194,6 +194,13 @@ class Watchdog:
             self._recorder = _enable_recorder(self.out_dir)
         if self.signum is not None:
             self._register_signal()
+        if self.report and not self.no_files:
+            from hangdoc.runtime import fatal
+            from hangdoc.runtime.identity import identity
+
+            ident = identity()
+            # the Python stack of a native abort (gloo's mismatch checks, a segfault) into the output directory
+            fatal.arm(self.out_dir, ident.host, ident.rank)
         if self.report:
             from hangdoc.runtime import on_term
 
@@ -212,16 +219,20 @@ class Watchdog:
         return self
 
     def _on_term(self) -> None:
-        from hangdoc.runtime import exit_verdict
+        from hangdoc.runtime import exit_verdict, fatal
 
-        exit_verdict.at_exit(self, "SIGTERM from the launcher")
+        try:
+            exit_verdict.at_exit(self, "SIGTERM from the launcher")
+        finally:
+            fatal.disarm()  # SIGTERM ends the process with no atexit: no empty fatal file left behind
 
     def stop(self) -> None:
         self._stop.set()
         if self.report:
-            from hangdoc.runtime import on_term
+            from hangdoc.runtime import fatal, on_term
 
             on_term.uninstall(self._on_term)
+            fatal.disarm()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2 * self.poll + 1)

@@ -1,0 +1,106 @@
+"""A rank that died in native code inside a collective the others were not making.
+
+gloo checks what it receives: a rank that issues a collective its peers do not (an extra
+``all_reduce`` of a logged metric) is paired with their next one, and the rank whose buffer is too
+small aborts (``terminate called after throwing gloo::EnforceNotMet``, SIGABRT). No Python runs
+after that, so the rank leaves no records of that call; what it leaves is its faulthandler dump
+(:mod:`hangdoc.runtime.fatal`: ``Fatal Python error: Aborted`` and its stack). The other ranks'
+records say which collective they were in.
+
+This rule compares the two: a rank whose fatal stack is in a collective at a call site where none of
+the other ranks' in-flight records is, while those agree on one call, is the culprit of a
+**collective-mismatch**. A rank that aborted at the call the others were in (a size or dtype
+mismatch: any side may be the one that aborts) gives no finding here: the record rules judge it.
+A rank that has records of its own is left to the record rules too.
+
+    >>> from hangdoc.model import CollectiveRecord as R, Frame, Job, Process, Report, Thread
+    >>> recs = [R(rank=r, seq=7, op="all_reduce", call_site="train.py:38:main", state="failed") for r in (0, 2, 3)]
+    >>> stack = (Frame("main", "train.py", 37), Frame("log_loss", "train.py", 27),
+    ...          Frame("all_reduce", "torch/distributed/distributed_c10d.py", 3252))
+    >>> p = Process(host="n1", pid=9, rank=1, threads=[Thread("1", "MainThread", stack, is_main=True)],
+    ...             meta={"fatal_error": "Aborted"})
+    >>> [f] = findings(Report(job=Job(processes=[p], records=recs)))
+    >>> f.kind, [c.rank for c in f.culprits]
+    ('collective-mismatch', [1])
+    >>> f.summary
+    'rank 1 died (Fatal Python error: Aborted) in all_reduce at log_loss (train.py:27), a call the other ranks were not making: ranks 0,2-3 were in all_reduce #7 at main (train.py:38)'
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+from hangdoc.analysis.signatures import wait_of
+from hangdoc.model import CollectiveRecord, Finding, Report
+from hangdoc.ranges import describe_ranks_capped as describe_ranks
+
+#: above the stacks' verdicts (the call site is exact on both sides), below the records' own
+CONFIDENCE = 0.9
+
+
+def _site(call_site: str) -> Optional[Tuple[str, int, str]]:
+    """``file:line:function`` of a record as (file, line, function)."""
+    parts = call_site.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or len(parts[1]) > 9:
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
+def _same_file(a: str, b: str) -> bool:
+    return a == b or os.path.basename(a) == os.path.basename(b) and (a.endswith(b) or b.endswith(a))
+
+
+def _in_flight(records: List[CollectiveRecord]) -> Dict[int, CollectiveRecord]:
+    """Each rank's last record, where that one never completed (the call it was in)."""
+    last: Dict[int, CollectiveRecord] = {}
+    for r in records:
+        t = r.time_issued if isinstance(r.time_issued, (int, float)) else float("-inf")
+        cur = last.get(r.rank)
+        ct = cur.time_issued if cur is not None and isinstance(cur.time_issued, (int, float)) else float("-inf")
+        if cur is None or (t, r.seq) >= (ct, cur.seq):
+            last[r.rank] = r
+    return {k: r for k, r in last.items() if r.state != "completed"}
+
+
+def findings(report: Report) -> List[Finding]:
+    job = report.job
+    fatal = [p for p in job.processes if p.meta.get("fatal_error") and p.rank is not None]
+    if not fatal or not job.records:
+        return []
+    recorded = {r.rank for r in job.records}
+    flight = _in_flight([r for r in job.records if r.origin == "hangdoc"] or job.records)
+    out: List[Finding] = []
+    for p in fatal:
+        if p.rank in recorded:
+            continue
+        w = wait_of(p)
+        if w.category not in ("collective", "p2p") or w.call_site is None:
+            continue
+        others = {k: r for k, r in flight.items() if k != p.rank}
+        sites = {(r.op, _site(r.call_site)) for r in others.values()}
+        if len(others) < 2 or len(sites) != 1:
+            continue
+        (op, site), = sites
+        if site is None:
+            continue
+        cs = w.call_site
+        if op == w.op and site[1] == cs.line and _same_file(site[0], cs.file):
+            continue  # aborted at the call the others were in: a mismatch of sizes or types, judged from the records
+        ranks = sorted(others)
+        seqs = sorted({r.seq for r in others.values()})
+        num = f" #{seqs[0]}" if len(seqs) == 1 else ""
+        where = f"{site[2]} ({site[0]}:{site[1]})"
+        summary = (f"rank {p.rank} died (Fatal Python error: {p.meta['fatal_error']}) in {w.describe()}, a call the other "
+                   f"ranks were not making: {describe_ranks(ranks)} were in {op}{num} at {where}")
+        evidence = [
+            f"rank {p.rank}: its faulthandler dump at the fatal signal shows it in {w.describe()}; it left no records of that call",
+            f"{describe_ranks(ranks)}: their records end in {op}{num} at {where}, never completed",
+        ]
+        advice = [f"Look at the branch that leads rank {p.rank} to {os.path.basename(cs.file)}:{cs.line} "
+                  f"(`if rank == ...`, a condition on its own data): the other ranks never make that call, so the "
+                  f"backend paired it with their {op} and aborted (gloo: `Received data size doesn't match expected size`)."]
+        out.append(Finding("collective-mismatch", summary, [p.culprit()], evidence, advice, confidence=CONFIDENCE,
+                           detail=[f"rank {p.rank}'s stack, outermost first: " + " → ".join(f.label() for f in p.main_thread.frames[-6:])]
+                           if p.main_thread is not None else []))
+    return out
