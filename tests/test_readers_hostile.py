@@ -240,6 +240,11 @@ def test_flight_recorder_pickles_cannot_run_code_or_explode(tmp_path):
         "nccl_trace_rank_3": pickle.dumps({"entries": loop}, protocol=2),
         # found by the fuzz run: 1 MB of MARKs made a million lists (64 MB traced, 215 MB RSS)
         "nccl_trace_rank_4": b"\x80\x04" + b"(" * 1_000_000 + b".",
+        # no memo at all: DUP of a container, 40 times (150 bytes, 2**40 leaves), once unchecked: the
+        # reader's str() of the process group never finished
+        "nccl_trace_rank_5": (b"\x80\x02}(X\x07\x00\x00\x00entries]}(X\x0e\x00\x00\x00profiling_name"
+                              b"X\x0f\x00\x00\x00nccl:all_reduceX\x0d\x00\x00\x00process_groupX\x01\x00\x00\x00a"
+                              + b"2\x86" * 40 + b"uau."),
     }
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
@@ -256,6 +261,7 @@ def test_flight_recorder_pickles_cannot_run_code_or_explode(tmp_path):
         "not a Flight Recorder dump: more than 10000000 values (shared references expanded)",
         "not a Flight Recorder dump: a container that contains itself",
         "not a readable Flight Recorder pickle: UnpicklingError: more than 1000 nested MARKs",
+        "not a Flight Recorder dump: more than 10000000 values (shared references expanded)",
     ]
     assert out["s"] < 5 and out["mb"] < 100, out
 

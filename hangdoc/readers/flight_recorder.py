@@ -34,6 +34,7 @@ elements, and a list may contain itself. The file is read whole, up to :data:`MA
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -142,8 +143,10 @@ _NoGlobalsUncounted.dispatch[pickle.MARK[0]] = _NoGlobals.load_mark
 
 
 def _noting_shared(load: Any) -> Any:
-    """A memo get (GET, BINGET, LONG_BINGET) that notes when it fetched a container: only then can
-    the loaded data refer to one container twice (or to itself), what :func:`_check_size` looks for."""
+    """A memo get (GET, BINGET, LONG_BINGET) or a DUP that notes when it fetched a container: only
+    then can the loaded data refer to one container twice (or to itself), what :func:`_check_size`
+    looks for. (DUP was missed once: 150 bytes of ``DUP TUPLE2`` made a tuple of 2^40 leaves that
+    the reader's ``str()`` never finished.)"""
     def get(self: _NoGlobals) -> None:
         load(self)
         if isinstance(self.stack[-1], _CONTAINERS):
@@ -153,7 +156,7 @@ def _noting_shared(load: Any) -> Any:
 
 for _cls in (_NoGlobals, _NoGlobalsUncounted):
     _cls.shared = False
-    for _op in (pickle.GET, pickle.BINGET, pickle.LONG_BINGET):
+    for _op in (pickle.GET, pickle.BINGET, pickle.LONG_BINGET, pickle.DUP):
         _cls.dispatch[_op[0]] = _noting_shared(_cls.dispatch[_op[0]])
 
 
@@ -187,43 +190,58 @@ def load(path: str, follow: bool = True) -> Dict[str, Any]:
 
 
 _CONTAINERS = (dict, list, tuple, set, frozenset)
-
-
-def _children(x: Any) -> Any:
-    if isinstance(x, dict):
-        return list(x.keys()) + list(x.values())
-    return x
+#: the exact types a loaded dump's containers can have (find_class allows these and OrderedDict)
+_CONTAINER_TYPES = frozenset({dict, list, tuple, set, frozenset, collections.OrderedDict})
 
 
 def _check_size(obj: Any) -> None:
     """Raise ValueError when ``obj`` would hold more than :data:`MAX_NODES` values if every shared
     reference were copied (what walking it costs), or contains itself (numbers out of bounds cost
-    their entry, see :func:`_record`). Costs O(distinct containers and their items), never the expanded size: each container's
-    expanded size is computed once (depth first, without recursion) and looked up after."""
+    their entry, see :func:`_record`). Costs O(distinct containers and their items), never the
+    expanded size: each container's expanded size is computed once (depth first, without
+    recursion) and looked up after; scalars are counted by ``len``, only containers visited.
+
+    >>> shared = [[1, 2]] * 3
+    >>> _check_size({"entries": shared})
+    >>> loop = []; loop.append(loop)
+    >>> _check_size(loop)
+    Traceback (most recent call last):
+    ...
+    ValueError: not a Flight Recorder dump: a container that contains itself
+    """
     size: Dict[int, int] = {}
     entered = set()
-    stack: List[Tuple[Any, bool]] = [(obj, False)]
+    stack: List[Any] = [obj]
+    kinds = _CONTAINER_TYPES
     while stack:
-        x, done = stack.pop()
+        x = stack[-1]
         i = id(x)
-        if done:
-            n = 1
-            for c in _children(x):
-                n += size[id(c)] if isinstance(c, _CONTAINERS) else 1
-            if n > MAX_NODES:
-                raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values (shared references expanded)")
-            size[i] = n
-            entered.discard(i)
-            continue
         if i in size:
+            stack.pop()
             continue
-        if i in entered:  # entered and not done: x is its own descendant
-            raise ValueError("not a Flight Recorder dump: a container that contains itself")
-        entered.add(i)
-        stack.append((x, True))
-        for c in _children(x):
-            if isinstance(c, _CONTAINERS) and id(c) not in size:
-                stack.append((c, False))
+        if isinstance(x, dict):
+            kids = [c for c in x.values() if type(c) in kinds]
+            keys = [k for k in x if type(k) in kinds]  # a tuple or frozenset as a key
+            kids += keys
+            n = 1 + 2 * len(x) - len(kids)
+        else:
+            kids = [c for c in x if type(c) in kinds]
+            n = 1 + len(x) - len(kids)
+        if i not in entered:
+            entered.add(i)
+            pending = [c for c in kids if id(c) not in size]
+            if pending:
+                if any(id(c) in entered for c in pending):  # entered and not done: x is its own descendant
+                    raise ValueError("not a Flight Recorder dump: a container that contains itself")
+                stack.extend(pending)
+                continue
+        for c in kids:
+            n += size[id(c)]
+        if n > MAX_NODES:
+            raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values (shared references expanded)")
+        size[i] = n
+        entered.discard(i)
+        stack.pop()
 
 
 def loads(data: bytes) -> Dict[str, Any]:
