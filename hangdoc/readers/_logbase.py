@@ -28,6 +28,8 @@ TEXT_CHARS = 300
 _GLOG_TIME_RE = re.compile(r"\b[EWIF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?\b")
 # a date and clock anywhere near the start: "2024-05-01 10:00:00,123", "2023-01-01_10:00:00"
 _ISO_TIME_RE = re.compile(r"\d{4}-(\d{2})-(\d{2})[T _](\d{2}):(\d{2}):(\d{2})(?:[.,](\d{1,9}))?")
+#: the types of field values an event may share with the next event of the same line
+_PLAIN = (str, int, float, bool)
 _DAYS_BEFORE_MONTH = (0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334)
 
 
@@ -74,6 +76,8 @@ class LineReader:
         self.ctx = ctx
         self.format = format
         self.events: List[LogEvent] = []
+        #: the last event emitted: (its arguments, its given fields, and its host, rank, time, fields, text)
+        self._last: Optional[Tuple[Any, ...]] = None
 
     def feed(self, lineno: int, text: str, ident: Identity) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -85,12 +89,26 @@ class LineReader:
              pid: Optional[int] = None, host: Optional[str] = None, time: Optional[float] = None,
              **fields: Any) -> LogEvent:
         """Record one event; the line's prefix identity wins over what its message says."""
+        last = self._last
+        if last is not None and last[0] == (kind, ident, text, rank, pid, host, time) and last[1] == fields:
+            # the same line again (a log of one line repeated): the same event at another line, its
+            # time and text not worked out again
+            e = LogEvent(kind=kind, source=self.ctx.path, line=lineno, host=last[2], rank=last[3], pid=pid,
+                         time=last[4], fields=dict(last[5]), text=last[6])
+            self.events.append(e)
+            return e
+        key = (kind, ident, text, rank, pid, host, time)
+        given = dict(fields)
         h, r, local = ident
         if r is None and local is not None and rank is None:
             fields.setdefault("local_rank", local)
+        kept = {k: v for k, v in fields.items() if v is not None}
         e = LogEvent(kind=kind, source=self.ctx.path, line=lineno, host=h if h is not None else host,
                      rank=r if r is not None else rank, pid=pid,
                      time=time if time is not None else line_time(text),
-                     fields={k: v for k, v in fields.items() if v is not None}, text=text.strip()[:TEXT_CHARS])
+                     fields=kept, text=text.strip()[:TEXT_CHARS])
         self.events.append(e)
+        # only events of plain values are copied (a list in one event's fields is never shared)
+        self._last = ((key, given, e.host, e.rank, e.time, dict(kept), e.text)
+                      if all(type(v) in _PLAIN for v in kept.values()) else None)
         return e

@@ -92,6 +92,7 @@ class Reader(LineReader):
         self.ident: Identity = (None, None, None)
         self.tb: Optional[List[str]] = None
         self.alone = False  # the table says "<NO_OTHER_FAILURES>"
+        self.entry_text: Optional[str] = None  # the last line read as an entry's head ("[7]:")
 
     def feed(self, lineno: int, text: str, ident: Identity) -> None:
         if not self.active:
@@ -113,8 +114,8 @@ class Reader(LineReader):
                 return
             if not text.strip():
                 return
-        m = _ENTRY_RE.match(text)
-        if m is not None:
+        if text == self.entry_text or _ENTRY_RE.match(text) is not None:
+            self.entry_text = text  # a run of "[1]:" lines is matched once
             self._end_entry()
             self.entry, self.entry_line, self.ident = {}, lineno, ident
             return

@@ -16,6 +16,7 @@ same rank when there is one (which adds where it was raised).
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 from hangdoc.readers._logbase import Identity, LineReader
 
@@ -29,9 +30,14 @@ _EXC_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]{0,64}\.){0,8}[A-Z][A-Za-z0-9_]{0
 class Reader(LineReader):
     def __init__(self, ctx) -> None:
         super().__init__(ctx, FORMAT)
+        self.last_text: Optional[str] = None  # the last line read, and its exception (None: none)
+        self.last_exc: Optional[str] = None
 
     def feed(self, lineno: int, text: str, ident: Identity) -> None:
-        m = _EXC_RE.match(text)
-        if m is None or text.startswith("Error: Failed"):  # py-spy's own
-            return
-        self.emit("exception", lineno, ident, text, exc=text.strip()[:400], via="line")
+        if text != self.last_text:
+            m = _EXC_RE.match(text)
+            self.last_text = text
+            # "Error: Failed...": py-spy's own
+            self.last_exc = None if m is None or text.startswith("Error: Failed") else text.strip()[:400]
+        if self.last_exc is not None:
+            self.emit("exception", lineno, ident, text, exc=self.last_exc, via="line")

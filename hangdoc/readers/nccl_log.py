@@ -108,18 +108,27 @@ class Reader(LineReader):
         self.frames = []
         # a watchdog line a paste wrapped at the terminal's width: (lineno, text, ident, joins)
         self.pending = None
+        # (kind, None) and (kind, rank, True): the newest timeout / watchdog-state event, overall and
+        # of one rank, over self.events[:self.indexed]
+        self.newest = {}
+        self.indexed = 0
 
     def _end_stack(self) -> None:
         self.in_stack = self.active = False
         frames, self.frames = self.frames, []
         if not frames:
             return
-        # the stack belongs to the newest timeout (and watchdog state) of that writer
-        done = set()
-        for e in reversed(self.events):
-            if e.kind in ("timeout", "watchdog-state") and e.kind not in done and \
-                    (self.stack_of is None or e.rank == self.stack_of):
-                done.add(e.kind)
+        # the stack belongs to the newest timeout (and watchdog state) of that writer; the newest of
+        # each is kept as events come (a scan back over every event per stack was quadratic on a
+        # log of thousands of stacks)
+        newest = self.newest
+        for e in self.events[self.indexed:]:
+            if e.kind in ("timeout", "watchdog-state"):
+                newest[(e.kind, None)] = newest[(e.kind, e.rank, True)] = e
+        self.indexed = len(self.events)
+        for kind in ("timeout", "watchdog-state"):
+            e = newest.get((kind, None) if self.stack_of is None else (kind, self.stack_of, True))
+            if e is not None:
                 e.fields.setdefault("stack", [f"{fn} ({file}:{line})" for fn, file, line in frames])
                 site = _user_site(frames)
                 if site is not None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from hangdoc.bounds import MAX_LINE_NO, MAX_PID, bounded, bounded_int
 from hangdoc.model import STATUS_OK, STATUS_STOPPED, STATUS_UNRESPONSIVE, Frame, Process, Thread
@@ -304,11 +304,15 @@ class PySpyParser(BlockParser):
     def _split_collapsed(self) -> None:
         """Several ``Thread N (idle): "MainThread"`` headers and no ``Process`` line: a listing
         someone collapsed by hand, one header per process (a process has one main thread)."""
+        pids: Dict[str, Optional[int]] = {}  # each thread id read once (8 MB of one header: 270,000 processes)
         for t in _collapsed(self.threads):
             p = Process(format=FORMAT, source_line=self.process.source_line)
             # a 5,000-digit (or "²") thread id is no pid: int() raised and the block's other
             # processes were lost with it
-            p.pid = bounded_int(t.ident, 0, MAX_PID) if t.ident.isdigit() else None
+            pid = pids.get(t.ident, -1)
+            if pid == -1:
+                pid = pids[t.ident] = bounded_int(t.ident, 0, MAX_PID) if t.ident.isdigit() else None
+            p.pid = pid
             p.threads = [Thread(ident=t.ident, name=t.name, frames=t.frames, state=t.state, is_main=True)]
             p.meta["collapsed"] = True
             self._done.append(p)

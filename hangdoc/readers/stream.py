@@ -16,6 +16,7 @@ being decoded: a gigabyte of training log with a few watchdog lines in it reads 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from hangdoc.model import ROLE_LAUNCHER, ROLE_WORKER, STATUS_LOG, STATUS_OK, STATUS_UNRESPONSIVE, LogEvent, Process, Source, Thread
@@ -131,6 +132,12 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     same: Optional[str] = None  # the last line, when reading it changed nothing
     peeled_line: Optional[str] = None  # the last line peeled, and what peeling it gave
     peeled: Tuple[Identity, str] = (NO_IDENTITY, "")
+    kw_text: Optional[str] = None  # the last text looked up for keywords, and which readers' it holds
+    kw_of: Optional[list] = None
+    # the readers inside a block (active), in the readers' order: only a reader that was fed a line
+    # can have changed it, so it is worked out again only after one was
+    actives: list = [r for r in readers if r.active]
+    idle_text: Optional[str] = None  # the last text dispatched that started nothing
     peeler.learn(_head_lines(path, fileobj))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         lineno = first - 1
@@ -149,6 +156,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                                 r.feed(lineno, text, ch.ident)
                             except Exception as e:
                                 ctx.error(lineno, f"could not read this line ({r.format}): {type(e).__name__}: {e}")
+                        actives = [r for r in readers if r.active]
                     continue
             if msink is not None and line.startswith(mindent):
                 msink.append(line)
@@ -179,29 +187,43 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                 # a line with no reader's keyword is only for the readers inside a block (the
                 # contract of _logbase); the others are not called: a 190,000-line stack inside an
                 # fr_trace block went through all ten readers
-                if kw(text) is not None:
-                    fed = []
-                    for r, words in own:
-                        if r.active:
-                            fed.append(r)
-                            continue
-                        for w in words:
-                            if w in text:
-                                fed.append(r)
-                                break
+                if text != kw_text:
+                    # which readers' keywords a text holds, looked up once for a run of equal texts
+                    kw_text = text
+                    kw_of = None
+                    if kw(text) is not None:
+                        kw_of = [r for r, words in own if any(w in text for w in words)]
+                if kw_of is not None:
+                    if not actives:
+                        fed = kw_of
+                    elif all(r in actives for r in kw_of):
+                        fed = actives
+                    else:
+                        fed = [r for r in readers if r in kw_of or r in actives]
                 else:
-                    fed = [r for r in readers if r.active]
+                    fed = actives
                 for r in fed:
                     try:
                         r.feed(lineno, text, ch.ident)
                     except Exception as e:  # one reader's bug costs its line, not the file
                         ctx.error(lineno, f"could not read this line ({r.format}): {type(e).__name__}: {e}")
+                if fed is not actives:
+                    actives = [r for r in readers if r.active]
+                elif fed and not all(r.active for r in fed):
+                    actives = [r for r in fed if r.active]
+            if text == idle_text and ch.parser is None and not ch.tag_line:
+                # this text, in a channel with no block and no tag before it, started nothing the
+                # last time (detection is a pure function of the text): the readers' lines of an
+                # 8 MB log of one exception line are not each detected again
+                same = line if not fed else None
+                continue
             was_open, ntags, nexits = ch.parser is not None, len(tags), len(exits)
             _dispatch(ctx, ch, lineno, text, close, tags, tag_start, exits)
+            idle_text = text if (not was_open and ch.parser is None and not ch.tag_line and len(tags) == ntags
+                                 and len(exits) == nexits) else None
             # a line that changed nothing (no reader, no block, no tag) changes nothing when it
             # comes again right after: 200,000 copies of one line are read once
-            same = line if (not fed and not was_open and ch.parser is None and len(tags) == ntags
-                            and len(exits) == nexits) else None
+            same = line if (not fed and idle_text is not None) else None
             mp = main.parser
             if mp is not None and mp.sink is not None:
                 msink, mindent = mp.sink, mp.indent
@@ -259,11 +281,18 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         finish_identity(p, interner)
     tie_workers_by_order(procs)
     events.extend(_exceptions(procs, events))
+    # the ranks the events hold, counted as they change (the set was built again for every event:
+    # an 8 MB log of one exception line took 60 s)
+    ranks = Counter(x.rank for x in events)
     for e in events:
         if e.host is None:
             e.host = ctx.host_from_name
-        if e.rank is None and ctx.rank_from_name is not None and len({x.rank for x in events}) <= 1:
+        if e.rank is None and ctx.rank_from_name is not None and len(ranks) <= 1:
             e.rank = ctx.rank_from_name
+            ranks[None] -= 1
+            if not ranks[None]:
+                del ranks[None]
+            ranks[e.rank] += 1
     source.events = len(events)
     for r in readers:
         if r.events and r.format not in source.formats:
