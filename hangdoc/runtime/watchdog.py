@@ -437,6 +437,14 @@ class Watchdog:
 
         from hangdoc.runtime import on_term
 
+        if self._stalled:
+            # Raised while the stall it dumped still holds: the job's teardown, most likely (the
+            # launcher's SIGTERM killed a DataLoader worker the rank waited for; a timeout; NCCL's
+            # abort). The stall's dump is the evidence: a raise dump over it made the teardown's
+            # error the headline (`dataloader_getitem` read as rank-failed).
+            _say(f"hangdoc watchdog: raised {type(exc).__name__} during the stall it reported (the job's teardown, "
+                 f"most likely); the stall's dump stands")
+            return
         # the launcher's SIGTERM to every rank, sent as soon as one fails, waits for this dump
         with on_term.holding():
             try:
