@@ -28,7 +28,8 @@ SCRIPT = textwrap.dedent('''
         w.wait()
     time.sleep(0.1)
     after = [r.state for r in rec.records() if r.op != "all_reduce"]
-    print(json.dumps({"rank": rank, "recv_at_issue": at_issue[-1], "after": after, "replaced": len(replaced)}))
+    # one write (line and newline together): two ranks' unbuffered prints once ran into one line
+    print(json.dumps({"rank": rank, "recv_at_issue": at_issue[-1], "after": after, "replaced": len(replaced)}) + "\\n", end="", flush=True)
     dist.destroy_process_group()
 ''')
 
