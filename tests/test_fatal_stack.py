@@ -68,3 +68,22 @@ def test_a_forked_child_s_crash_is_not_written_as_the_rank_s(tmp_path):
                        timeout=60, cwd=ROOT, env=env_for())
     assert r.returncode == 0, r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_a_job_that_enables_faulthandler_itself_later_keeps_it(tmp_path):
+    """torchelastic's ``@record`` enables faulthandler (to stderr) at the start of main, after
+    hangdoc armed it: the job's choice wins, and hangdoc's stop never disables it."""
+    script = textwrap.dedent("""
+        import faulthandler, os, sys
+        from hangdoc.runtime import fatal
+        fatal.arm(sys.argv[1], "n1", 3)
+        faulthandler.enable(all_threads=True)
+        fatal.disarm()
+        print(faulthandler.is_enabled(), flush=True)
+        os.abort()
+    """)
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env=env_for())
+    assert r.returncode == -6 and r.stdout.strip() == "True"
+    assert "Fatal Python error: Aborted" in r.stderr
+    assert os.listdir(tmp_path) == []
