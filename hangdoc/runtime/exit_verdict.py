@@ -178,8 +178,10 @@ def _reporter(ident: Any, out_dir: str, since: float) -> Optional[List[int]]:
         lower = range(ident.rank)
         if any(not os.path.basename(p).startswith("fatal-") for r in lower for p in files.get(r, ())):
             return None  # a lower rank dumped (not its native abort's stack): it lives and reports, or one below it does
-        if all(r in gone for r in lower):
-            return gone
+        # a rank whose only file is its fatal-signal stack died of that signal: dying or gone, it never reports
+        dying = {r for r in lower if files.get(r) and all(os.path.basename(p).startswith("fatal-") for p in files[r])}
+        if all(r in gone or r in dying for r in lower):
+            return sorted(set(gone) | dying)
         if time.monotonic() >= deadline:
             return None  # a lower rank lives on: it reports when the launcher stops it
         time.sleep(0.1)
