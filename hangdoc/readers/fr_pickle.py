@@ -66,11 +66,12 @@ def loads(data: bytes) -> Tuple[Any, bool]:  # noqa: C901 - one loop, on purpose
                 raise Unsupported("BINPUT")
             memo[data[i]] = stack[-1]
             i += 1
-        elif op == 0x58:  # BINUNICODE
-            if i + 4 > n:
+        elif op == 0x58 or op == 0x8C:  # BINUNICODE (4-byte length), SHORT_BINUNICODE (1-byte length)
+            w = 4 if op == 0x58 else 1
+            if i + w > n:
                 raise Unsupported("truncated")
-            size = from_bytes(data[i:i + 4], "little")
-            i += 4
+            size = from_bytes(data[i:i + w], "little")
+            i += w
             if i + size > n:
                 raise Unsupported("truncated")
             append(str(mv[i:i + size], "utf-8", "surrogatepass"))
@@ -174,15 +175,6 @@ def loads(data: bytes) -> Tuple[Any, bool]:  # noqa: C901 - one loop, on purpose
                 raise Unsupported("truncated")
             append(_DOUBLE.unpack_from(data, i)[0])
             i += 8
-        elif op == 0x8C:  # SHORT_BINUNICODE
-            if i >= n:
-                raise Unsupported("truncated")
-            size = data[i]
-            i += 1
-            if i + size > n:
-                raise Unsupported("truncated")
-            append(str(mv[i:i + size], "utf-8", "surrogatepass"))
-            i += size
         elif op == 0x6A:  # LONG_BINGET
             if i + 4 > n:
                 raise Unsupported("truncated")

@@ -109,11 +109,18 @@ def _wait_for_dumps(out_dir: str, since: float, want: set) -> Dict[int, List[str
     return files
 
 
+def _is_fatal(path: str) -> bool:
+    """A rank's fatal-signal stack (hangdoc.runtime.fatal), not a dump it wrote itself."""
+    from hangdoc.runtime.fatal import PREFIX
+
+    return os.path.basename(path).startswith(PREFIX)
+
+
 def _raised(paths: List[str]) -> bool:
     """Whether a rank's stacks file says its main function raised (the tag line's reason), or the
     rank died of a fatal signal (its fatal file holds a stack)."""
     for p in paths:
-        if os.path.basename(p).startswith("fatal-"):
+        if _is_fatal(p):
             return True
         if not os.path.basename(p).startswith("stacks-"):
             continue
@@ -176,10 +183,10 @@ def _reporter(ident: Any, out_dir: str, since: float) -> Optional[List[int]]:
             return None  # rank 0 is on another node: it reports
         files = _fresh(out_dir, since)
         lower = range(ident.rank)
-        if any(not os.path.basename(p).startswith("fatal-") for r in lower for p in files.get(r, ())):
+        if any(not _is_fatal(p) for r in lower for p in files.get(r, ())):
             return None  # a lower rank dumped (not its native abort's stack): it lives and reports, or one below it does
         # a rank whose only file is its fatal-signal stack died of that signal: dying or gone, it never reports
-        dying = {r for r in lower if files.get(r) and all(os.path.basename(p).startswith("fatal-") for p in files[r])}
+        dying = {r for r in lower if files.get(r) and all(_is_fatal(p) for p in files[r])}
         if all(r in gone or r in dying for r in lower):
             return sorted(set(gone) | dying)
         if time.monotonic() >= deadline:
