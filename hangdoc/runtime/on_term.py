@@ -9,34 +9,76 @@ the signal takes its course (the previous handler, or the default: the process e
 
 Installed only from the main thread, and only where nobody uses the wakeup fd already (asyncio
 does): then the handler alone does it, when the main thread gets to run Python.
+
+The main thread's handler never waits for work running in another thread: it runs between any two
+bytecodes of the job, perhaps inside an import that holds the module's lock, and the other thread's
+work may need that very lock (a rank whose main function raised was importing a module when the
+SIGTERM came, the thread running the exit verdict imported the same module: both waited for ever,
+until the launcher's SIGKILL 30 s later, and the job got no verdict). Where the thread runs the
+actions, or another thread holds the end back (:func:`holding`), the handler returns at once and
+the signal is sent again once that work is over (:data:`HOLD_LIMIT` seconds at most).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import select
 import signal
 import threading
+import time
 from typing import Any, Callable, Iterator, List, Optional
 
 #: re-entrant: the main thread's handler may run while that thread holds it in install()
 _lock = threading.RLock()
-_state: dict = {"installed": False, "done": False, "previous": None, "fds": None, "actions": []}
+_state: dict = {"installed": False, "done": False, "previous": None, "fds": None, "actions": [],
+                "runner": None, "resend": None, "first": None}
+#: set once the actions have run to their end (in whichever thread ran them)
+_finished = threading.Event()
 
 
-def _run_actions() -> None:
-    """The actions, once; a second caller (the handler and the thread both woke) waits for the first."""
+def _run_actions() -> bool:
+    """The actions, once, in the first thread that gets here; True there. A second caller returns
+    False at once, never waiting for the first (see the module: the main thread's handler may have
+    interrupted code that holds what the running actions need)."""
     with _lock:
         if _state["done"]:
-            return
+            return False
         _state["done"] = True
+        _state["runner"] = threading.get_ident()
         actions: List[Callable[[], None]] = list(_state["actions"])
+    try:
         for action in actions:
             try:
                 action()
             except Exception:
                 pass  # an exit path never raises into the job's shutdown
+    finally:
+        with _lock:
+            _state["runner"] = None
+            _finished.set()
+        _resend_if_due()
+    return True
+
+
+def _busy_elsewhere(me: int) -> bool:
+    """Whether another thread runs the actions or holds the end back (under _lock)."""
+    return _state["runner"] not in (None, me) or _hold["owner"] not in (None, me)
+
+
+def _resend_if_due(force: bool = False) -> None:
+    """Send the deferred signal again once no thread's work holds it back any more (or ``force``:
+    the time to wait is over): the main thread's handler then ends the process."""
+    with _lock:
+        signum = _state["resend"]
+        if signum is None or (_busy_elsewhere(-1) and not force):
+            return
+        _state["resend"] = None
+    try:
+        os.kill(os.getpid(), signum)
+    except OSError:
+        pass
 
 
 def _end_as_before(signum: int, frame: Any) -> None:
@@ -78,21 +120,36 @@ def holding() -> Iterator[None]:
     finally:
         with _lock:
             _hold["depth"] -= 1
-            pending = None
             if _hold["depth"] == 0:
                 _hold["owner"] = None
-                pending, _hold["pending"] = _hold["pending"], None
+                if _hold["pending"] is not None:
+                    _state["resend"], _hold["pending"] = _hold["pending"], None
                 _released.set()
-        if pending is not None:
-            _end_as_before(pending, None)
+        _resend_if_due()
+
+
+def _since_first() -> float:
+    """Seconds since the first SIGTERM was seen (0 now, for the first)."""
+    with _lock:
+        if _state["first"] is None:
+            _state["first"] = time.monotonic()
+        return time.monotonic() - _state["first"]
 
 
 def _handler(signum: int, frame: Any) -> None:
-    _run_actions()
-    if _hold["owner"] == threading.get_ident():
-        _hold["pending"] = signum  # the held block, this thread's, ends the process when it is over
-        return
-    _released.wait(HOLD_LIMIT)
+    me = threading.get_ident()
+    watcher = _state.get("thread")
+    if _state["fds"] is None or watcher is None or not watcher.is_alive():
+        _run_actions()  # no thread watches the wakeup fd: this handler is the only one to run them
+    # (else the thread has woken and runs them: never in this frame, which may hold an import's lock)
+    late = _since_first() >= HOLD_LIMIT
+    with _lock:
+        if not late and _hold["owner"] == me:
+            _hold["pending"] = signum  # the held block, this thread's, ends the process when it is over
+            return
+        if not late and (not _state["done"] or _busy_elsewhere(me)):
+            _state["resend"] = signum  # the work running elsewhere sends it again when it is over
+            return
     _end_as_before(signum, frame)
 
 
@@ -111,13 +168,17 @@ def _watch(read_fd: int) -> None:
         if not data:
             return
         if signal.SIGTERM in data:
+            left = HOLD_LIMIT - _since_first()
             _run_actions()
+            end = time.monotonic() + max(0.0, left)
+            _released.wait(max(0.0, end - time.monotonic()))
+            _finished.wait(max(0.0, end - time.monotonic()))
+            _resend_if_due(force=time.monotonic() >= end)
             # the main thread may never run the Python handler (stuck in C): end the process the
             # way SIGTERM would, unless the job installed a handler of its own, which then runs
             previous = _state["previous"]
             if not callable(previous):
                 # a main thread running Python ends the process in the handler within a moment
-                _released.wait(HOLD_LIMIT)
                 threading.Event().wait(1.0)
                 os._exit(128 + signal.SIGTERM)
 
@@ -144,6 +205,7 @@ def install(action: Callable[[], None]) -> bool:
     if not _state.get("fork_hook"):
         _state["fork_hook"] = True
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_settle)
     _start_wakeup_thread()
     return True
 
@@ -156,7 +218,8 @@ def _after_fork_in_child() -> None:
     _released.set()
     _state["actions"] = []
     _state["done"] = True
-    _state["fds"] = None
+    _state.update(fds=None, runner=None, resend=None)
+    _finished.set()
     try:
         if fds is not None:
             signal.set_wakeup_fd(-1)
@@ -167,6 +230,13 @@ def _after_fork_in_child() -> None:
     except (ValueError, OSError, TypeError):
         pass
     _state["installed"] = False
+
+
+def _settle() -> None:
+    """At the interpreter's exit: the actions a SIGTERM started in the thread finish first
+    (:data:`HOLD_LIMIT` s at most), as they did when the handler waited for them."""
+    if _state["done"] and _state["runner"] not in (None, threading.get_ident()):
+        _finished.wait(HOLD_LIMIT)
 
 
 def _start_wakeup_thread() -> None:
@@ -182,7 +252,8 @@ def _start_wakeup_thread() -> None:
         os.close(w)
         return
     _state["fds"] = (r, w)
-    threading.Thread(target=_watch, args=(r,), name="hangdoc-sigterm", daemon=True).start()
+    _state["thread"] = threading.Thread(target=_watch, args=(r,), name="hangdoc-sigterm", daemon=True)
+    _state["thread"].start()
 
 
 def uninstall(action: Optional[Callable[[], None]] = None) -> None:

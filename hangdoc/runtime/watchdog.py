@@ -207,9 +207,15 @@ class Watchdog:
             on_term.install(self._on_term)  # rank 0's verdict of a job failing before any stall
             # what the exit paths import, imported now in this thread: a raising main thread and
             # the SIGTERM thread importing the same modules at once got "cannot import name
-            # 'defang' from partially initialized module 'hangdoc.tags'" and no verdict
+            # 'defang' from partially initialized module 'hangdoc.tags'" and no verdict (and a
+            # SIGTERM inside the raising thread's import of hangdoc.runtime.exchange, for _say, once
+            # deadlocked it with the SIGTERM thread importing it too: see hangdoc.runtime.on_term)
+            import traceback  # noqa: F401
+
+            import hangdoc.atomic  # noqa: F401
             import hangdoc.collect  # noqa: F401
             import hangdoc.proctree  # noqa: F401
+            import hangdoc.runtime.exchange  # noqa: F401
             import hangdoc.runtime.exit_verdict  # noqa: F401
             import hangdoc.runtime.siblings  # noqa: F401
             import hangdoc.tags  # noqa: F401
