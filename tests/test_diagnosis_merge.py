@@ -23,14 +23,17 @@ def test_one_collective_mismatch_with_the_records_culprit_and_the_stacks_evidenc
     assert f.confidence >= 0.9
 
 
-def test_a_p2p_cycle_explains_the_stacks_p2p_stall_of_the_same_ranks():
-    # hangdoc demo pipeline, captured: the records see the cycle; the stacks alone said "ranks 0-2
-    # wait in send/recv with unknown peers", which must not stand beside the cycle as a finding
+def test_the_records_cycle_and_the_stacks_receive_deadlock_are_one_finding():
+    # hangdoc demo pipeline, captured: the records see the cycle with its peers; the stacks alone
+    # (every rank of the job in recv, none sending) say a receive deadlock of the same ranks: one
+    # finding, the records' (a stall of the same ranks "with unknown peers" must not stand beside
+    # the cycle either: test_a_p2p_stall_outside_the_cycle_stays)
     report = analyse(read_paths([os.path.join(FIXTURES, "pipeline_demo")]))
     assert [f.kind for f in report.findings] == ["p2p-cycle"]
     [f] = report.findings
     assert sorted(c.rank for c in f.culprits) == [0, 1, 2]
-    assert any(e.startswith("the stacks alone said: ranks 0-2 wait in send/recv with unknown peers") for e in f.detail)
+    assert f.summary.startswith("send/recv cycle between ranks 0-2")
+    assert any(e.startswith("the stacks alone said: ranks 0-2 all wait in recv and none sends") for e in f.detail)
 
 
 def test_a_p2p_stall_outside_the_cycle_stays():

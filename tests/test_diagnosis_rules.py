@@ -184,8 +184,18 @@ def test_p2p_stall_without_peers_flags_the_odd_call_site():
 
     f = head([proc(r, recv_at(1073) if r != 5 else recv_at(1100)) for r in range(6)])
     assert (f.kind, ranks(f)) == ("p2p-stall", [5])
+    # every rank at one recv, none sending: nobody can ever send, a receive deadlock of them all
     f = head([proc(r, recv_at(1073)) for r in range(4)])
-    assert f.kind == "p2p-stall" and f.culprits == [] and "--locals" in " ".join(f.advice)
+    assert (f.kind, ranks(f)) == ("p2p-cycle", [0, 1, 2, 3]) and "--locals" in " ".join(f.advice)
+    assert "none sends" in f.summary and "unless" not in f.summary and f.confidence == 0.75
+    # plain py-spy dumps: the world size is not known, so a rank not dumped might still send
+    [f] = findings(Report(job=Job(processes=[proc(r, recv_at(1073)) for r in range(4)])))
+    assert f.kind == "p2p-cycle" and "unless a process that was not dumped" in f.summary and f.confidence == 0.6
+    # one rank elsewhere (computing, or missing from the dumps) may still send: no deadlock is claimed
+    f = head([proc(r, recv_at(1073)) for r in range(3)] + [proc(3, compute())])
+    assert f.kind != "p2p-cycle"
+    f = head([proc(r, recv_at(1073)) for r in range(3)], missing=[3])
+    assert f.kind != "p2p-cycle"
 
 
 def test_p2p_stall_without_peers_a_first_stage_sending_is_a_candidate_not_a_culprit():

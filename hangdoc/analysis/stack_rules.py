@@ -251,6 +251,10 @@ def _count(buckets: Iterable[_Bucket]) -> int:
     return sum(len(b.procs) for b in buckets)
 
 
+#: blocking receives (an ``irecv`` returns at once; its ``wait`` is not told apart from a send's)
+_RECV_OPS = ("recv", "recv_object_list")
+
+
 class _Analysis:
     def __init__(self, report: Report) -> None:
         self.report = report
@@ -542,6 +546,27 @@ class _Analysis:
                 0.6,
             ))
 
+    def _all_receive(self, procs: List[Process]) -> bool:
+        """Every rank process dumped (none missing, none in another state) blocks in a recv."""
+        return (len(procs) >= 2 and not self.missing and all(b.ok for b in self.rank_b)
+                and len(procs) == len(_procs(self.ok_b)) and all(self.w(p).op in _RECV_OPS for p in procs))
+
+    def _receive_deadlock(self, procs: List[Process]) -> None:
+        """Nobody sends: a recv completes only when its peer sends, and every peer receives. The
+        wait-for graph of such ranks closes in a cycle whatever the peers are (a ring that receives
+        before it sends, two ranks receiving from each other)."""
+        ws = self.report.job.world_size
+        whole = ws is not None and ws == len(procs)
+        summary = (f"{who(procs)} all wait in recv and none sends: a receive deadlock, no recv can complete"
+                   + ("" if whole else " (unless a process that was not dumped sends to them)"))
+        evidence = self.evidence_procs(procs) + [
+            ("every rank of the job" if whole else "every process dumped") + " is in a blocking recv; a recv "
+            "completes only when its peer sends, and each peer is receiving itself"]
+        advice = ["Let one side send first: reorder so that (for a ring) even ranks send then receive and odd ranks "
+                  "receive then send, or post both directions at once with `batch_isend_irecv` / `isend` + `irecv`.",
+                  _LOCALS_ADVICE + " With peers known, hangdoc draws the cycle itself."]
+        self.out.append(Finding("p2p-cycle", summary, _culprits(procs), evidence, advice, 0.75 if whole else 0.6))
+
     def _p2p_unknown(self, procs: List[Process]) -> None:
         # Key: the whole user part of the stack, so ranks of one stage (same code path) share it.
         groups: Dict[Tuple, List[Process]] = {}
@@ -553,6 +578,10 @@ class _Analysis:
         sited = all(len(key) > 2 for key in groups)
         if sited and len(groups) > 1 and sizes[-1] >= 2:
             odd = [p for g in groups.values() if len(g) < sizes[-1] for p in g]
+        if not odd and self._all_receive(procs):
+            # (with a rank at a call site of its own, that rank is what the stall below names)
+            self._receive_deadlock(procs)
+            return
         evidence = self.evidence_procs(procs)
         blamed: List[Process] = []
         if odd:
