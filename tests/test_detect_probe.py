@@ -24,7 +24,7 @@ STEPS = 6
 def probe(tmp_path, name, *flags):
     out = tmp_path / f"{name}.json"
     res = run([sys.executable, PROBE, "--backend", "gloo", "--patterns", "A,B", "--sizes", "256",
-               "--steps", str(STEPS), "--parallel", "2", "--out", str(out), *flags], timeout=70)
+               "--steps", str(STEPS), "--parallel", "2", "--out", str(out), *flags], timeout=100)
     assert not res.timed_out and res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
     pids = [pid for t in doc["trials"] for pid in t["pids"]]
@@ -34,7 +34,9 @@ def probe(tmp_path, name, *flags):
 
 
 def test_gloo_stall_and_silent(tmp_path):
-    trials, stdout = probe(tmp_path, "stall", "--timeout", "12", "--stall", "2")
+    # (--timeout 40, a backstop: with 12, on 2 cores loaded by a fuzz run beside `pytest -n 2`, the
+    # trial's time ran out while its ranks still imported torch, before the 2 s stall could be seen)
+    trials, stdout = probe(tmp_path, "stall", "--timeout", "40", "--stall", "2")
     a, b = trials["A"], trials["B"]
     assert (a["outcome"], a["hang_step"], a["steps_done"]) == ("hang-at-skip", 3, [3, 4])
     assert a["ended"] == "stall" and a["returncodes"] == [-9, -9]  # killed by the driver, no pg timeout
