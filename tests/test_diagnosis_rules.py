@@ -381,3 +381,22 @@ def test_fatal_stack_at_the_call_the_others_are_in_or_with_records_or_no_agreeme
     assert fatal_rules.findings(_fatal_case(fatal_line=38)) == []
     assert fatal_rules.findings(_fatal_case(fatal_records=True)) == []
     assert fatal_rules.findings(_fatal_case(other_lines=(38, 38, 40))) == []
+
+
+def test_the_fatal_note_names_the_timeout_when_the_console_log_shows_one():
+    """NCCL's watchdog aborts a rank once its collective times out: that rank's fatal stack is where it
+    waited, and the note must say so rather than call it a failed check (the note with no log hedges)."""
+    from hangdoc.model import LogEvent
+
+    def note(events):
+        report = _fatal_case()
+        report.job.events = events
+        lines = [e for f in diagnose(report) for e in f.evidence + f.detail if "died of a fatal signal" in e]
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    assert "or a process group's timeout" in note([])
+    own = LogEvent(kind="timeout", source="job.log", line=3, rank=1, fields={"op": "ALLREDUCE", "seq": 469508})
+    assert "after its collective (ALLREDUCE #469508) timed out" in note([own])
+    other = LogEvent(kind="timeout", source="job.log", line=3, rank=0, fields={"op": "ALLREDUCE", "seq": 7})
+    assert "while other ranks' collectives timed out" in note([other])

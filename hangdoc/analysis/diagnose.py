@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hangdoc.model import Culprit, Finding, Report
 from hangdoc.ranges import describe_ranks
@@ -84,10 +84,11 @@ def _process_notes(report: Report, headline: Finding) -> List[str]:
     noted = [p for p in report.job.processes if "exception" in p.meta or p.meta.get("moved") or p.meta.get("fatal_error")]
     noted.sort(key=lambda p: ((p.host, p.pid, p.rank) not in culprits, p.key))
     out: List[str] = []
+    timeouts = {e.rank: e for e in report.job.events if e.kind == "timeout"}
     for p in noted[:MAX_NOTES]:
         if p.meta.get("fatal_error"):
             out.append(f"{p.describe()} died of a fatal signal in this stack (Fatal Python error: {p.meta['fatal_error']}): "
-                       f"a native abort, such as gloo's or NCCL's check of a collective that does not match its peers'")
+                       + _abort_cause(timeouts.get(p.rank) if p.rank is not None else None, bool(timeouts)))
         if "exception" in p.meta:
             at = f" ({p.meta['exception_at']})" if p.meta.get("exception_at") else ""
             out.append(f"{p.describe()} printed {p.meta['exception']}{at}")
@@ -97,6 +98,21 @@ def _process_notes(report: Report, headline: Finding) -> List[str]:
     if len(noted) > MAX_NOTES:
         out.append(f"… and {len(noted) - MAX_NOTES} more processes with such notes")
     return out
+
+
+def _abort_cause(own: Any, any_timeout: bool) -> str:
+    """Why a process aborted in native code, as far as the console log tells: its own collective's
+    timeout (NCCL's watchdog then tears the process down), another rank's, or neither known."""
+    if own is not None:
+        op, seq = own.fields.get("op"), own.fields.get("seq")
+        what = f" ({op} #{seq})" if op and seq is not None else ""
+        return (f"the teardown after its collective{what} timed out (the console log's watchdog timeout): "
+                "the stack is where the rank waited, not a cause of its own")
+    if any_timeout:
+        return ("a native abort while other ranks' collectives timed out (the console log): most likely the "
+                "process group's teardown, not a check that failed on this rank")
+    return ("a native abort: a backend's check that failed (gloo's or NCCL's check of a collective that does not "
+            "match its peers'), or a process group's timeout tearing the process down")
 
 
 def merge(found: List[Finding], origins: Optional[Dict[int, str]] = None) -> List[Finding]:
