@@ -162,19 +162,22 @@ for _cls in (_NoGlobals, _NoGlobalsUncounted):
 
 
 def _load_pickle(data: bytes) -> Tuple[Any, bool]:
-    """The loaded data, and whether a container in it may be referred to more than once.
+    """The loaded data, and whether it must be walked (:func:`_check_size`) before it is used.
 
     Through :mod:`hangdoc.readers.fr_pickle` (Flight Recorder's own opcodes, several times faster)
-    where it can (at most :data:`MAX_PICKLE_OPS` bytes: each opcode makes at most one object), else,
-    or when it gives up, the pure-Python unpickler below, whose result or error stands."""
+    where it can (at most :data:`MAX_PICKLE_OPS` bytes: each opcode makes at most one object): it
+    bounds the expanded size as it loads and its data cannot contain itself, so only a bound over
+    :data:`MAX_NODES` needs the walk. Else, or when it gives up, the pure-Python unpickler below,
+    whose result or error stands, and which needs the walk when a container may be referred to twice."""
     if len(data) <= MAX_PICKLE_OPS:
         try:
-            return fr_pickle.loads(data)
+            obj, bound = fr_pickle.loads(data)
+            return obj, bound > MAX_NODES
         except Exception:  # an opcode it does not run, or a broken pickle: the general path decides
             pass
     cls = _NoGlobalsUncounted if len(data) <= MAX_PICKLE_OPS else _NoGlobals
     u = cls(io.BytesIO(data))
-    return u.load(), u.shared
+    return u.load(), u.shared or len(data) > MAX_NODES
 
 
 def _is_pickle(head: bytes) -> bool:
@@ -207,59 +210,33 @@ _CONTAINER_TYPES = frozenset({dict, list, tuple, set, frozenset, collections.Ord
 def _check_size(obj: Any) -> None:
     """Raise ValueError when ``obj`` would hold more than :data:`MAX_NODES` values if every shared
     reference were copied (what walking it costs), or contains itself (numbers out of bounds cost
-    their entry, see :func:`_record`). Costs O(distinct containers and their items), never the
-    expanded size: each container's expanded size is computed once (depth first, without
-    recursion) and looked up after; scalars are counted by ``len``, only containers visited.
+    their entry, see :func:`_record`): :func:`_expanded_size` with that limit."""
+    _expanded_size(obj, MAX_NODES)
+
+
+def _expanded_size(obj: Any, limit: int = 1 << 62) -> int:
+    """The values ``obj`` holds with every shared reference copied (:func:`fr_pickle.expanded_size`,
+    every container type a dump can hold); ValueError past ``limit`` or for a container that contains
+    itself. Costs O(distinct containers and their items), never the expanded size.
 
     >>> shared = [[1, 2]] * 3
-    >>> _check_size({"entries": shared})
+    >>> _expanded_size({"entries": shared})
+    12
     >>> loop = []; loop.append(loop)
     >>> _check_size(loop)
     Traceback (most recent call last):
     ...
     ValueError: not a Flight Recorder dump: a container that contains itself
     """
-    size: Dict[int, int] = {}
-    entered = set()
-    stack: List[Any] = [obj]
-    kinds = _CONTAINER_TYPES
-    while stack:
-        x = stack[-1]
-        i = id(x)
-        if i in size:
-            stack.pop()
-            continue
-        if isinstance(x, dict):
-            kids = [c for c in x.values() if type(c) in kinds]
-            keys = [k for k in x if type(k) in kinds]  # a tuple or frozenset as a key
-            kids += keys
-            n = 1 + 2 * len(x) - len(kids)
-        else:
-            kids = [c for c in x if type(c) in kinds]
-            n = 1 + len(x) - len(kids)
-        if i not in entered:
-            entered.add(i)
-            pending = [c for c in kids if id(c) not in size]
-            if pending:
-                if any(id(c) in entered for c in pending):  # entered and not done: x is its own descendant
-                    raise ValueError("not a Flight Recorder dump: a container that contains itself")
-                stack.extend(pending)
-                continue
-        for c in kids:
-            n += size[id(c)]
-        if n > MAX_NODES:
-            raise ValueError(f"not a Flight Recorder dump: more than {MAX_NODES} values (shared references expanded)")
-        size[i] = n
-        entered.discard(i)
-        stack.pop()
+    return fr_pickle.expanded_size(obj, {}, _CONTAINER_TYPES, limit)
 
 
 def loads(data: bytes) -> Dict[str, Any]:
     """:func:`load` of bytes (what ``torch._C._distributed_c10d._dump_nccl_trace()`` returns)."""
-    shared = True  # JSON cannot share, but its nesting is checked the same way (cheap next to parsing it)
+    check = True  # JSON cannot share, but its nesting is checked the same way (cheap next to parsing it)
     if _is_pickle(data[:4]):
         try:
-            obj, shared = _load_pickle(data)
+            obj, check = _load_pickle(data)
         except Exception as e:  # any corrupt or hostile pickle
             raise ValueError(f"not a readable Flight Recorder pickle: {type(e).__name__}: {str(e)[:200]}") from None
     else:
@@ -271,9 +248,9 @@ def loads(data: bytes) -> Dict[str, Any]:
             raise ValueError(f"not a Flight Recorder JSON dump: {str(e)[:200]}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("entries", []), list):
         raise ValueError("not a Flight Recorder dump (no 'entries' list)")
-    if shared or len(data) > MAX_NODES:
-        # (without a container met twice the data is a tree, and each of its values took at least one
-        # byte of the pickle: no more than MAX_NODES of them, nothing to expand, no cycle)
+    if check:
+        # (else the data is a tree, or its shared containers were counted as it loaded: no more than
+        # MAX_NODES values with every shared reference expanded, and no cycle)
         _check_size(obj)
     return obj
 
