@@ -20,8 +20,8 @@ BUGS = os.path.join(ROOT, "examples", "bugs")
 LIMIT = 150
 
 
-def _job(out, script, nproc=4):
-    return torchrun_cmd(nproc, "hangdoc", "--record", "--hang-timeout", "120", "--out", str(out), script,
+def _job(out, script, nproc=4, *more):
+    return torchrun_cmd(nproc, "hangdoc", "--record", *more, "--hang-timeout", "120", "--out", str(out), script,
                         module=True)
 
 
@@ -58,7 +58,9 @@ def test_failing_jobs_get_a_verdict_and_a_job_stopped_whole_gets_none(tmp_path):
     """))
     procs = {
         "dead": spawn(_job(tmp_path / "dead", os.path.join(BUGS, "dead_rank.py"))),
-        "dtype": spawn(_job(tmp_path / "dtype", os.path.join(BUGS, "dtype_mismatch.py"))),
+        # with the divergence detector too: the job dies within a second of the divergence, before
+        # any publication is due; the ranks' last states go out on their way out (atexit, SIGTERM)
+        "dtype": spawn(_job(tmp_path / "dtype", os.path.join(BUGS, "dtype_mismatch.py"), 4, "--detect")),
         "healthy": spawn(_job(tmp_path / "healthy", str(healthy), nproc=2)),
     }
     try:
@@ -89,6 +91,10 @@ def test_failing_jobs_get_a_verdict_and_a_job_stopped_whole_gets_none(tmp_path):
     assert "terminate called after throwing" in dtype_log
     assert (tmp_path / "dtype" / "report.json").exists(), said
     assert _report(tmp_path / "dtype") == ("collective-mismatch", [1]), said
+    with open(tmp_path / "dtype" / "divergence.json") as f:
+        divergence = json.load(f)
+    assert divergence["deviants"] == [1] and divergence["index"] == 2, divergence
+    assert "hangdoc: DIVERGENCE: rank 1 diverged from " in dtype_log and "all_reduce([1024] float64)" in dtype_log
 
     healthy_log = "".join(outs["healthy"])
     assert "hangdoc: DUMP" not in healthy_log and "VERDICT" not in healthy_log, healthy_log[-3000:]

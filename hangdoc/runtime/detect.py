@@ -552,7 +552,7 @@ class Node:
         self.last_read = now
         if mine is None:
             mine = make(quiet, self.focus)
-        v = self.check(mine, now)
+        v = self.check(mine, now, final=final)
         if v is None:
             return None
         if not v.exact and not final:
@@ -582,7 +582,10 @@ class Node:
         self.verdict = v
         return v
 
-    def check(self, mine: Dict[str, Any], now: Optional[float] = None) -> Optional[Verdict]:
+    def check(self, mine: Dict[str, Any], now: Optional[float] = None, final: bool = False) -> Optional[Verdict]:
+        """The first divergence between this rank's publication and its partners' (``final``: a
+        rank on its way out reads a few more partners, since its pair partner may be the rank that
+        died)."""
         now = time.monotonic() if now is None else now
         cache: Dict[int, Optional[Dict[str, Any]]] = {self.rank: mine}
 
@@ -593,7 +596,7 @@ class Node:
 
         for name, g in sorted(mine["g"].items(), key=lambda kv: (kv[0] != "default_pg", kv[0])):
             ranks = list(self.ranks_of(name))
-            base = partners(self.rank, ranks)
+            base = partners(self.rank, ranks, extra=OPINIONS if final else 0)
             for p in base:
                 other = pub_of(p)
                 og = (other or {}).get("g", {}).get(name)
@@ -683,12 +686,21 @@ class Detector:
         self._thread = threading.Thread(target=self._run, name="hangdoc-detect", daemon=True)
         self._thread.start()
         atexit.register(self._final)
+        if threading.current_thread() is threading.main_thread():
+            from hangdoc.runtime import on_term
+
+            # a launcher's SIGTERM (sent to every rank as soon as one fails: gloo aborting a rank on a
+            # dtype mismatch) ends a process with no atexit: the last state is published from there too
+            on_term.install(self._final)
         return self
 
     def stop(self) -> None:
         from hangdoc.runtime import recorder
 
         self._final()
+        from hangdoc.runtime import on_term
+
+        on_term.uninstall(self._final)
         if recorder._detect is self.digests.hook:
             recorder._detect = None
         self._stop.set()
@@ -747,16 +759,22 @@ class Detector:
             self._act(v, mine=node.claimed)
 
     def _final(self) -> None:
-        # A rank that exits (or fails) right after diverging still leaves its last state behind;
-        # bounded, so that a store that stopped answering cannot delay the exit for long.
-        if self.verdict is not None or self.node is None:
+        # A rank that exits (or fails, or gets its launcher's SIGTERM) right after diverging still
+        # leaves its last state behind, and reads its partners' until they are there too: a job that
+        # dies within a second of a divergence (gloo aborting a rank on a dtype mismatch) may never
+        # have published at all. Bounded, so that a store that stopped answering cannot delay the
+        # exit for long.
+        if self.verdict is not None or not self.digests.total():
             return
 
         def last() -> None:
-            try:
-                self._tick(final=True)
-            except Exception:
-                pass
+            end = time.monotonic() + FINAL_WAIT - 0.2
+            while self.verdict is None and time.monotonic() < end:
+                try:
+                    self._tick(final=True)
+                except Exception:
+                    return
+                time.sleep(0.1)
 
         t = threading.Thread(target=last, name="hangdoc-detect-final", daemon=True)
         t.start()
