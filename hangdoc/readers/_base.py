@@ -368,6 +368,19 @@ def lines(path: str, ctx: FileContext, fileobj: Optional[BinaryIO] = None) -> It
             yield i, text
 
 
+def same_dump(a: Process, b: Process) -> bool:
+    """``b`` is ``a`` dumped again: everything but where it was read is the same, and there is
+    something to say it is one process (a pid, thread identifiers) or nothing at all (a header with
+    no stack). Two ranks' identical tracebacks in one log name neither: they stay two processes.
+    (py-spy or faulthandler dumping one process in a loop into one log; 8 MB of one dump header
+    repeated was 160,000 processes.)"""
+    return (a.threads == b.threads and a.pid == b.pid and a.format == b.format and a.command == b.command
+            and a.status == b.status and a.status_detail == b.status_detail and a.meta == b.meta
+            and a.host == b.host and a.rank == b.rank and a.local_rank == b.local_rank and a.ppid == b.ppid
+            and a.role == b.role and a.parent_rank == b.parent_rank
+            and (a.pid is not None or any(t.ident for t in a.threads) or not any(t.frames for t in a.threads)))
+
+
 class BlockParser:
     """A push parser for one block (one or more processes) of one format.
 
@@ -384,6 +397,35 @@ class BlockParser:
     def __init__(self, ctx: FileContext, lineno: int) -> None:
         self.ctx = ctx
         self.start = lineno
+        #: id(process) -> the dumps folded into it by :meth:`keep` (the stream adds them up)
+        self.repeats: Dict[int, int] = {}
+
+    def keep(self, out: List[Process], p: Process) -> bool:
+        """Append ``p`` to ``out``, or fold it into the process before it there when it is that
+        process dumped again (:func:`same_dump`): True when folded."""
+        if out and same_dump(out[-1], p):
+            q = out[-1]
+            q.source_line = max(q.source_line, p.source_line)
+            self.repeats[id(q)] = self.repeats.get(id(q), 0) + 1
+            return True
+        out.append(p)
+        return False
+
+    def repeat(self, out: List[Process], lineno: int) -> None:
+        """One more repeat of ``out[-1]``, read at ``lineno`` (a header repeated, see its callers).
+        The parser's state is as it was: the same line next does the same (:meth:`repeat_again`,
+        which the stream calls without feeding the line)."""
+        q = out[-1]
+        q.source_line = lineno
+        self.repeats[id(q)] += 1
+        self.repeated_at = lineno
+        self._repeat_out = out
+
+    #: the line :meth:`repeat` was last called for
+    repeated_at = 0
+
+    def repeat_again(self, lineno: int) -> None:
+        self.repeat(self._repeat_out, lineno)
 
     def stack_of(self, raw: List[str], parse: Callable[[str], Optional[Frame]], reverse: bool,
                  at: int) -> Tuple[Frame, ...]:

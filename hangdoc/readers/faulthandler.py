@@ -70,6 +70,8 @@ class FaulthandlerParser(BlockParser):
         self._thread: Optional[Tuple[str, bool]] = None
         self._raw: List[str] = []
         self._truncated = False
+        #: a header line that ended a dump of that header alone, folded as a repeat (see feed)
+        self._rep: Optional[str] = None
 
     def _new_process(self, lineno: int) -> None:
         self.process = Process(format=FORMAT, source_line=lineno)
@@ -96,11 +98,22 @@ class FaulthandlerParser(BlockParser):
             return True
         m = _HEADER_RE.match(line) if line[:1] in ("T", "C") else None
         if m or line.startswith(_STACK_HEADER):
+            if line == self._rep and not self._raw and not self.threads and not self._truncated \
+                    and not self.process.meta:
+                # the header again with nothing since: the dump of it alone that it would end is the
+                # one just folded again (8 MB of one thread line), counted without being built
+                self.repeat(self.processes, lineno)
+                return True
             self._end_thread()
             ident = m.group(2) if m else "0x0"
             current = not m or m.group(1) == "Current thread"
+            self._rep = None
             if ident in self.idents or (current and self.has_current):
-                self._end_process(lineno)
+                if self._end_process(lineno):
+                    q = self.processes[-1]
+                    if (len(q.threads) == 1 and not q.threads[0].frames and q.threads[0].ident == ident
+                            and not q.meta and q.threads[0].state == ("current" if current else None)):
+                        self._rep = line
             self.idents.add(ident)
             self.has_current = self.has_current or current
             self._thread = (ident, current)
@@ -130,7 +143,9 @@ class FaulthandlerParser(BlockParser):
             self._truncated = False
         self.threads.append(t)
 
-    def _end_process(self, lineno: int) -> None:
+    def _end_process(self, lineno: int) -> bool:
+        """The process read so far is complete; True when it was folded as a repeat (see keep)."""
+        folded = False
         if self.threads:
             p = self.process
             p.threads = self.threads
@@ -140,8 +155,9 @@ class FaulthandlerParser(BlockParser):
                 if main is not None and main.ident in p.meta["truncated_threads"]:
                     p.status = STATUS_TRUNCATED
                     p.status_detail = "faulthandler printed '...': the main thread has more frames than it shows"
-            self.processes.append(p)
+            folded = self.keep(self.processes, p)
         self._new_process(lineno)
+        return folded
 
     def close(self) -> List[Process]:
         self._end_thread()

@@ -135,6 +135,9 @@ class GdbParser(BlockParser):
         self.last_number: Optional[int] = None
         #: the current thread is py-bt's (``Traceback (most recent call first):`` seen)
         self._py = False
+        #: a thread line that ended a process of that thread alone, folded as a repeat (see feed)
+        self._rep: Optional[str] = None
+        self._thread_text: Optional[str] = None
 
     def feed(self, lineno: int, line: str) -> bool:
         if line.startswith("#"):
@@ -152,15 +155,27 @@ class GdbParser(BlockParser):
             m = _THREAD_RE.match(line)
             if not m:
                 return False
+            if line == self._rep and self._thread_text == line and not self._raw and not self.threads \
+                    and not self._py:
+                # the thread line again with nothing since: the process of it alone that it would end
+                # is the one just folded again (8 MB of one thread line), counted, not built
+                self.repeat(self.processes, lineno)
+                return True
             self._end_thread()
+            self._rep = None
             number = bounded_int(m.group(1), 0, MAX_SEQ)
             if number is None:
                 return False
             if self.last_number is not None and number >= self.last_number:
-                self._end_process(None)  # numbering starts again: another process
+                if self._end_process(None):  # numbering starts again: another process
+                    q = self.processes[-1]
+                    if (len(q.threads) == 1 and not q.threads[0].frames and q.threads[0].ident == m.group(3)
+                            and q.threads[0].name == m.group(4) and q.threads[0].is_main == (m.group(1) == "1")):
+                        self._rep = line
             if not self.threads:
                 self.process_start = lineno
             self.last_number = number
+            self._thread_text = line
             self._thread = (m.group(1), m.group(3), m.group(4))
             self._thread_line = lineno
             self.sink = self._raw
@@ -193,16 +208,17 @@ class GdbParser(BlockParser):
         frames = self.ctx.interner.stacks.setdefault(("gdb-frames",) + frames, frames)
         self.threads.append(Thread(ident=lwp, name=name, frames=frames, is_main=number == "1"))
 
-    def _end_process(self, pid: Optional[int]) -> None:
+    def _end_process(self, pid: Optional[int]) -> bool:
+        """The process read so far is complete; True when it was folded as a repeat (see keep)."""
         self.last_number = None
         if not self.threads:
-            return
+            return False
         if pid is None:
             main = next((t for t in self.threads if t.is_main), None)
             pid = bounded_int(main.ident, 0, MAX_PID) if main is not None else None
         p = Process(pid=pid, format=FORMAT, source_line=self.process_start, threads=self.threads)
-        self.processes.append(p)
         self.threads = []
+        return self.keep(self.processes, p)
 
     def close(self) -> List[Process]:
         self._end_thread()

@@ -196,7 +196,7 @@ def _merge_duplicates(job: Job) -> None:
             continue
         # the richest readable dump; of equals, the last read
         _, keep = max(enumerate(same), key=lambda ip: (ip[1].status == STATUS_OK, _frame_count(ip[1]), ip[0]))
-        keep.meta["snapshots"] = len(same)
+        keep.meta["snapshots"] = sum(p.meta.get("snapshots", 1) for p in same)  # a file's repeats count
         stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
         if _raise_dump(same, keep):
             pass  # one dump of a raise: the main thread is where it raised, not a second snapshot

@@ -166,9 +166,9 @@ class Reader(LineReader):
             self.pending = (lineno, text, ident, joins)
             self.active = True
             return True
-        before = len(self.events)
+        before = self.emitted
         self._read(lineno, text, ident)
-        return len(self.events) > before
+        return self.emitted > before
 
     def _read(self, lineno: int, text: str, ident: Identity) -> None:
         if "Stack trace of the failed collective" in text:

@@ -113,6 +113,8 @@ class PySpyParser(BlockParser):
     def __init__(self, ctx: FileContext, lineno: int, after_tag: bool = False) -> None:
         super().__init__(ctx, lineno)
         self._done: List[Process] = []
+        #: a Process line that ended a dump of that line alone, folded as a repeat (see feed)
+        self._rep: Optional[str] = None
         self._start(lineno, after_tag)
 
     def _start(self, lineno: int, after_tag: bool) -> None:
@@ -126,6 +128,22 @@ class PySpyParser(BlockParser):
         self._argv_lines = 0
         self._in_error = False
         self._error_lines: List[str] = []
+        self._idents: set = set()  # the threads' identifiers so far
+        self._thread_text: Optional[str] = None  # the line of the thread being read
+
+    def _again(self, lineno: int) -> bool:
+        """A thread identifier came again: the process was dumped again without its header (it
+        cannot have two threads of one identifier). The next process begins with the same header;
+        True when the one that ended was folded as a repeat (see keep)."""
+        head, seen = self.process, self._seen_header
+        folded = self._finish()
+        self._start(lineno, False)
+        p = self.process
+        p.pid, p.command, p.ppid = head.pid, head.command, head.ppid
+        if "python" in head.meta:
+            p.meta["python"] = head.meta["python"]
+        self._seen_header = seen
+        return folded
 
     def feed(self, lineno: int, line: str) -> bool:
         if self._seen_header and self._thread is None and not self.threads and not self._in_error \
@@ -148,9 +166,24 @@ class PySpyParser(BlockParser):
         if line.startswith("Thread "):
             m = _THREAD_RE.match(line)
             if m:
+                if line == self._rep and self._thread_text == line and not self._raw and not self.threads \
+                        and not self._in_error:
+                    # the thread line again with nothing since: the process of it alone that it would
+                    # end is the one just folded again (8 MB of one thread line), counted, not built
+                    self.repeat(self._done, lineno)
+                    return True
                 self._end_thread()
                 self._in_error = False
+                self._rep = None
                 ident, state, name = m.groups()
+                if ident in self._idents and self._again(lineno):
+                    q = self._done[-1]
+                    if (len(q.threads) == 1 and not q.threads[0].frames and q.threads[0].ident == ident
+                            and q.threads[0].name == name and q.threads[0].state == (state or None)
+                            and q.status == STATUS_OK and not set(q.meta) - {"python"}):
+                        self._rep = line
+                self._idents.add(ident)
+                self._thread_text = line
                 self._thread = (ident, name, state or None)
                 self._thread_line = lineno
                 self.sink = self._raw
@@ -163,15 +196,28 @@ class PySpyParser(BlockParser):
             m = _PROCESS_RE.match(line)
             if not m:
                 return False
+            if line == self._rep and self._seen_header and not self.threads and self._thread is None \
+                    and not self._in_error and not self.process.meta and not self._argv_lines:
+                # the header again with nothing since: the dump of it alone that it would end is the
+                # one just folded again (8 MB of one Process line), counted without being built
+                self.repeat(self._done, lineno)
+                return True
+            self._rep = None
+            folded = False
             if self._seen_header or self.threads or self._thread or self._in_error:
                 if self._in_error and not self._seen_header:
                     return False  # a headerless error: close() decides whether it is py-spy's
                 # the next process of the same block
-                self._finish()
+                folded = self._finish()
                 self._start(lineno, False)
             self._seen_header = True
             self.process.pid = bounded_int(m.group(1), 0, MAX_PID)
             self.process.command = self.ctx.interner.string(m.group(2).strip())
+            if folded:
+                q = self._done[-1]
+                if (not q.threads and q.pid == self.process.pid and q.command == self.process.command
+                        and not q.meta and q.ppid is None):
+                    self._rep = line
             return True
         if line.startswith("Python v") and self._seen_header and not self.threads:
             m = _PYTHON_VERSION_RE.match(line)
@@ -260,19 +306,20 @@ class PySpyParser(BlockParser):
         self._finish()
         return self._done
 
-    def _finish(self) -> None:
-        """The current process is complete: keep it (or drop it when it is no py-spy output)."""
+    def _finish(self) -> bool:
+        """The current process is complete: keep it (or drop it when it is no py-spy output); True
+        when it was folded as a repeat of the one before it (see keep)."""
         self._end_thread()
         if not self._seen_header and not self._error_lines and sum(t.name == "MainThread" for t in self.threads) > 1:
             self._split_collapsed()
-            return
+            return False
         p = self.process
         p.threads = self.threads
         if self._error_lines:
             if not self._seen_header and not self.after_tag:
                 text = "\n".join(self._error_lines)
                 if not any(m in text for m in _PYSPY_ERROR_MARKS):
-                    return
+                    return False
             p.status = STATUS_UNRESPONSIVE
             p.status_detail = self._error_lines[0]
             p.meta["error"] = "\n".join(self._error_lines[:40])
@@ -288,7 +335,7 @@ class PySpyParser(BlockParser):
                     p.pid = bounded_int(next(g for g in m.groups() if g), 0, MAX_PID)
         elif not self.threads:
             if not self._seen_header:
-                return
+                return False
             p.status = STATUS_UNRESPONSIVE
             p.status_detail = "py-spy printed no threads"
         if p.pid is None and self.threads:
@@ -299,7 +346,7 @@ class PySpyParser(BlockParser):
             for t in self.threads:
                 if p.pid is not None and t.ident == str(p.pid):
                     t.is_main = True
-        self._done.append(p)
+        return self.keep(self._done, p)
 
     def _split_collapsed(self) -> None:
         """Several ``Thread N (idle): "MainThread"`` headers and no ``Process`` line: a listing

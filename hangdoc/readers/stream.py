@@ -23,7 +23,7 @@ from hangdoc.model import ROLE_LAUNCHER, ROLE_WORKER, STATUS_LOG, STATUS_OK, STA
 from hangdoc.readers import c10_backtrace as _c10
 from hangdoc.readers import pyspy as _pyspy
 from hangdoc.readers import registry
-from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks, squeeze
+from hangdoc.readers._base import BlockParser, FileContext, Interner, chunks, same_dump, squeeze
 from hangdoc.readers.identity import (
     apply_exit_events,
     apply_tags,
@@ -41,6 +41,8 @@ __all__ = ["read_stream"]
 
 #: bytes read at a time: a stretch this long with no anchor is skipped whole
 BLOCK = 1 << 18
+#: times one line repeated in a row is shown to the log readers (the stack parsers see every one)
+MAX_RUN = 100
 
 _SECTION_RE = re.compile(r"=== Rank (\d{1,9})(?:: ?([^\s=]{0,255}))? ?===\s*$")
 
@@ -91,11 +93,19 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     # C++ backtraces with no process before them: kept only when the file holds nothing else (they
     # are a watchdog thread's, not a process of their own)
     orphans: List[Tuple[_Channel, Process]] = []
+    tag_at: Dict[int, int] = {}  # id(channel) -> the line of its last tag (a tagged dump is never folded)
+    repeats: Dict[int, int] = {}  # id(process) -> the dumps read as a repeat of it (see same_dump)
+
+    # what the last close() did: (processes emitted, the process its dumps were folded into, the
+    # line its block started at)
+    closed: List = [0, None, 0]
 
     def close(ch: _Channel) -> None:
         parser, ch.parser = ch.parser, None
+        closed[0], closed[1] = 0, None
         if parser is None:
             return
+        closed[2] = parser.start
         try:
             procs = parser.close()
         except Exception as e:  # a reader bug must cost one block, never the whole input
@@ -112,6 +122,18 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
             if p.format == _c10.FORMAT:
                 orphans.append((ch, p))
                 continue
+            again = parser.repeats.get(id(p), 0)  # its repeats inside the block
+            if prev is not None and prev is last_of.get(id(ch)) and tag_at.get(id(ch), 0) < prev.source_line \
+                    and same_dump(prev, p):
+                # the same dump again, right after it (py-spy or faulthandler dumping one process in a
+                # loop into one log): one process, its latest dump; counted, and said once below
+                prev.source_line = max(prev.source_line, p.source_line)
+                repeats[id(prev)] = repeats.get(id(prev), 0) + 1 + again
+                closed[1] = prev
+                continue
+            if again:
+                repeats[id(p)] = again
+            closed[0] += 1
             emitted.append((ch, p))
             last_of[id(ch)] = p
             last_any[:] = [p]
@@ -138,6 +160,17 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     # can have changed it, so it is worked out again only after one was
     actives: list = [r for r in readers if r.active]
     idle_text: Optional[str] = None  # the last text dispatched that started nothing
+    # A line that closed a block of one line, the same line right before it, as a repeat of the dump
+    # before it and started the same block again, or that its parser counted as one more repeat (a
+    # dump header repeated: 8 MB of one thread line): the same line next, the block as it was, would
+    # do exactly that again, and is counted as one more repeat without being read again.
+    rep_line: Optional[str] = None
+    run_line: Optional[str] = None  # the line of the current run of equal lines, its length, its last line
+    run = run_at = 0
+    last_disp: Tuple[int, Optional[str]] = (0, None)  # the last line dispatched
+    rep_parser: Optional[BlockParser] = None
+    rep_sink = 0
+    rep_of: Optional[Process] = None
     peeler.learn(_head_lines(path, fileobj))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         lineno = first - 1
@@ -183,7 +216,17 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                     ch = channels[ident] = _Channel(ident)
                 touched.add(ch)
             fed = readers
-            if readers:
+            if line == run_line and lineno == run_at + 1:
+                run += 1
+            else:
+                run_line, run = line, 1
+            run_at = lineno
+            if run > MAX_RUN:
+                # the readers have seen this line MAX_RUN times in a row: a log stuck printing one
+                # line says nothing new to them (their events are kept once; a table or a stack they
+                # read in it stays as it was), and 8 MB of one "Failures:" line took 3 s
+                fed = []
+            elif readers:
                 # a line with no reader's keyword is only for the readers inside a block (the
                 # contract of _logbase); the others are not called: a 190,000-line stack inside an
                 # fr_trace block went through all ten readers
@@ -208,7 +251,10 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                     except Exception as e:  # one reader's bug costs its line, not the file
                         ctx.error(lineno, f"could not read this line ({r.format}): {type(e).__name__}: {e}")
                 if fed is not actives:
-                    actives = [r for r in readers if r.active]
+                    # only a reader fed can have changed (a line for one inactive reader that left it
+                    # so changes nothing)
+                    if actives or any(r.active for r in fed):
+                        actives = [r for r in readers if r.active]
                 elif fed and not all(r.active for r in fed):
                     actives = [r for r in fed if r.active]
             if text == idle_text and ch.parser is None and not ch.tag_line:
@@ -217,8 +263,30 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                 # 8 MB log of one exception line are not each detected again
                 same = line if not fed else None
                 continue
+            if line == rep_line and ch.parser is rep_parser and \
+                    (rep_parser.sink is None or len(rep_parser.sink) == rep_sink):
+                if rep_of is not None:
+                    rep_of.source_line = lineno
+                    repeats[id(rep_of)] += 1
+                else:
+                    rep_parser.repeat_again(lineno)
+                continue
             was_open, ntags, nexits = ch.parser is not None, len(tags), len(exits)
+            closed[0], closed[1] = 0, None
             _dispatch(ctx, ch, lineno, text, close, tags, tag_start, exits)
+            if len(tags) != ntags:
+                tag_at[id(ch)] = lineno
+            rep_line = None
+            if closed[1] is not None and not closed[0] and ch.parser is not None and ch.parser.start == lineno \
+                    and closed[2] == lineno - 1 and last_disp == (lineno - 1, line):
+                rep_line, rep_parser, rep_of = line, ch.parser, closed[1]
+                rep_sink = len(rep_parser.sink) if rep_parser.sink is not None else 0
+            elif ch.parser is not None and ch.parser.repeated_at == lineno:
+                # the parser read this line as one more repeat of the dump before (see
+                # BlockParser.repeat), its state unchanged: the same line next is one more
+                rep_line, rep_parser, rep_of = line, ch.parser, None
+                rep_sink = len(rep_parser.sink) if rep_parser.sink is not None else 0
+            last_disp = (lineno, line)
             idle_text = text if (not was_open and ch.parser is None and not ch.tag_line and len(tags) == ntags
                                  and len(exits) == nexits) else None
             # a line that changed nothing (no reader, no block, no tag) changes nothing when it
@@ -235,6 +303,13 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
         touched.clear()
     for ch in list(channels.values()):
         close(ch)
+    if repeats:
+        n = sum(repeats.values())
+        for _, p in emitted:
+            if id(p) in repeats:
+                p.meta["snapshots"] = 1 + repeats[id(p)]
+        ctx.error(0, f"{n} dump{'s' if n > 1 else ''} repeated the dump right before {'them' if n > 1 else 'it'} "
+                     "(the same process, threads and stacks): read as that process dumped again, the last kept")
     if orphans and not emitted and not any(r.events for r in readers):
         emitted.extend(orphans)
     events: List[LogEvent] = []

@@ -84,6 +84,11 @@ class TracebackParser(BlockParser):
                 return True  # source lines, ^^^ markers, "[Previous line repeated N more times]"
             if not line.strip():
                 return True
+            if line.startswith(HEADER):
+                # never an exception line: before any frame, the same header again (read as one; 8 MB
+                # of it were 120,000 tracebacks whose exception was the header); after frames, this
+                # traceback was cut off and another begins
+                return not self.raw
             self.exceptions.append(line.strip())
             self.state = "done"
             return True
