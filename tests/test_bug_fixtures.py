@@ -26,8 +26,8 @@ def truth(name):
     raise AssertionError(name)
 
 
-def judged(name, with_log):
-    d = os.path.join(FIX, name)
+def judged(name, with_log, fix=FIX):
+    d = os.path.join(fix, name)
     args = [os.path.join(d, "output")] + ([os.path.join(d, "hangdoc.log")] if with_log else [])
     r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json"] + args,
                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
@@ -46,3 +46,10 @@ def test_the_output_directory_names_the_culprits(name):
 @pytest.mark.parametrize("name", ["dead_rank", "exception_thread"])
 def test_with_the_console_log_the_failed_rank_is_the_headline(name):
     assert judged(name, with_log=True) == "RIGHT"
+
+
+# NCCL (4 GPUs, tests/fixtures/bugs_nccl/README.md): every call is issued on the host, and two groups
+# entered in opposite orders deadlock on each rank's CUDA stream
+@pytest.mark.parametrize("name", ["group_order", "opposite_groups", "tp_pp_skip"])
+def test_on_nccl_calls_queued_behind_each_other_on_a_stream_name_the_culprits(name):
+    assert judged(name, with_log=False, fix=os.path.join(HERE, "fixtures", "bugs_nccl")) == "RIGHT"

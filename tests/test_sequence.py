@@ -240,3 +240,19 @@ def test_ranks_that_skipped_a_new_group_are_the_culprits_even_two_against_two():
     [d] = [d for d in divergences(recs, hung=True) if d.group == "default_pg"][:1]
     assert d.ranks == [2] and d.basis == "contract" and not d.ambiguous and d.expected.shapes == ((0, 1),)
     assert sorted(r for x in divergences(recs, hung=True) for r in x.ranks) == [2, 3]
+
+
+def test_groups_entered_in_opposite_orders_on_one_cuda_stream_every_call_issued():
+    # NCCL: the host never blocks, so both ranks issued both calls; each rank's second call waits on its
+    # stream behind its first, which waits for the other rank's second: an order deadlock, not a
+    # cross-stream one (examples/bugs/opposite_groups on 4 GPUs, tests/fixtures/bugs_nccl)
+    a, b = ("tp", (0, 1)), ("dp", (0, 1))
+    recs = []
+    for rank, order in ((0, (a, b)), (1, (b, a))):
+        for t, g in enumerate(order):
+            x = _coll(rank, 0, "all_reduce", *g, "issued", stream="default")
+            x.time_issued = 100.0 + t
+            recs.append(x)
+    fs = record_rules.findings(Report(job=Job(records=recs)))
+    assert fs[0].kind == "collective-mismatch" and "opposite orders" in fs[0].summary, [(f.kind, f.summary) for f in fs]
+    assert [c.rank for c in fs[0].culprits] == [0, 1]

@@ -550,8 +550,9 @@ def wait_for(records: Iterable[CollectiveRecord]) -> Tuple[Dict[Node, List[Node]
     """Wait-for graph: each blocked (rank, stream) -> the (rank, stream) nodes it waits on.
 
     A blocked collective waits for every rank of its group that has not issued as many collectives
-    in that group; a blocked recv (send) waits for the peer that has not issued the matching send
-    (recv) in that group, matched by order per (sender, receiver) pair.
+    in that group, or whose matching call is queued on a CUDA stream behind an older pending op; a
+    blocked recv (send) waits for the peer that has not issued the matching send (recv) in that
+    group, matched by order per (sender, receiver) pair, or whose matching half is so queued.
     """
     records = one_origin(records)
     blocked: Dict[Node, CollectiveRecord] = {}
@@ -601,8 +602,14 @@ def wait_for(records: Iterable[CollectiveRecord]) -> Tuple[Dict[Node, List[Node]
             for q in members:
                 if q == rec.rank:
                     continue
-                if len(coll.get(rec.group, {}).get(q, ())) <= n:
+                theirs = coll.get(rec.group, {}).get(q, ())
+                if len(theirs) <= n:
                     waits.extend(targets(q))
+                elif _stuck_behind(theirs[n], blocked):
+                    # issued, but queued on its CUDA stream behind an older op that rank is blocked in
+                    # (NCCL: collectives return at once on the host; two groups entered in opposite
+                    # orders on one stream deadlock there, with every call issued everywhere)
+                    waits.append(_node(theirs[n]))
         edges[node] = waits
     return edges, blocked
 
