@@ -88,6 +88,23 @@ CORRECT = textwrap.dedent('''\
     dist.barrier()
     ''')
 
+# Two groups of all four ranks, created in the opposite order on rank 3 (torch numbers groups by
+# creation order): each group's calls agree on every rank that issued them, yet ranks 0-2 wait in
+# group 1 for rank 3, which waits in group 2 for them (examples/bugs/group_order.py)
+GROUP_ORDER = textwrap.dedent('''\
+    import time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for step in range(20):
+        dist.all_reduce(torch.ones(8))
+    a, b = dist.new_group([0, 1, 2, 3]), dist.new_group([0, 1, 2, 3])
+    param, grad = (b, a) if rank == 3 else (a, b)   # the bug
+    print("DIVERGE_AT", time.time(), flush=True)
+    for step in range(5):
+        dist.all_reduce(torch.ones(4), group=param)
+        dist.all_reduce(torch.ones(16), group=grad)
+    ''')
+
 # gloo blocks in a mismatched collective; asynchronous calls (as NCCL's always are) go on, so the
 # next collective comes and raises.
 ABORT = textwrap.dedent('''\
@@ -179,6 +196,16 @@ def test_shape_mismatch_among_four(tmp_path):
     assert len(v["agreeing"]) >= 2 and set(v["agreeing"]) <= {0, 1, 2}  # the opinions it read
     assert v["deviant"][1] == "all_reduce([6] float32)" and v["expected"][1] == "all_reduce([8] float32)"
     assert latency <= 5.0
+
+
+def test_groups_entered_in_opposite_orders_name_the_odd_rank(tmp_path):
+    v, latency, _out, err = _wait_verdict(tmp_path, GROUP_ORDER, 4)
+    assert (v["deviants"], v["agreeing"], v["basis"]) == ([3], [0, 1, 2], "groups"), v
+    assert v["group"] != v["other_group"]
+    assert "rank 3 waits in all_reduce([4] float32) at train.py:10 of group" in v["summary"], v["summary"]
+    assert "the ranks entered the two groups in opposite orders" in v["summary"]
+    assert latency <= 10.0  # quiet 0.5 s, then the wait must stand for 2 s
+    _said(err, v)
 
 
 def test_correct_program_with_groups_and_p2p_is_never_flagged(tmp_path):

@@ -153,7 +153,9 @@ class Node:
                 return self.verdict
         changed = total != self.pub_total
         mine = None
-        due = changed and (now - self.last_pub >= self.period or (quiet and not self.quiet_published))
+        # (going quiet is published once even with no new call since the last publication: a rank
+        # blocked in its call says so, which the cross-group check reads)
+        due = (changed and now - self.last_pub >= self.period) or (quiet and not self.quiet_published)
         if due or final or (self.focus is not None and not self._focus_pub):
             mine = make(quiet, self.focus)
             self.ops.set(self.key(self.rank), json.dumps(mine, separators=(",", ":")))
@@ -234,7 +236,19 @@ class Node:
                 if v is not None:
                     v.last_good = diff[2]
                     return v
-        return None
+        return self._cross_group(mine, pub_of, now, final)
+
+    def _cross_group(self, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]], now: float,
+                     final: bool) -> Optional[Verdict]:
+        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`), once it has
+        stood for its PERSIST seconds (at once on the way out)."""
+        from hangdoc.runtime import detect_groups
+
+        v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)
+        if v is None:
+            return None
+        since = self._undecided.setdefault(("groups", v.group, v.other_group, v.index), now)
+        return v if final or now - since >= detect_groups.PERSIST else None
 
 
 # -- the daemon --------------------------------------------------------------------------------

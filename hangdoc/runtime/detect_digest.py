@@ -24,6 +24,9 @@ WINDOW = 64
 CHECKPOINT = 64
 CHECKPOINTS = RING // CHECKPOINT
 
+#: a group's member list is published up to this size (larger groups: what the reader knows itself)
+MAX_PUBLISHED_RANKS = 256
+
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3  # FNV-1a's: (d ^ h) * P is order-sensitive and cheap
 
@@ -94,6 +97,8 @@ class Digests:
         self.hashes: Dict[Tuple[Any, ...], int] = {}
         #: non-empty once an abort is due: the exception the hook raises
         self.abort: List[BaseException] = []
+        #: [the group of the latest collective issued] (a list: the hook stores into it)
+        self.last: List[Optional[str]] = [None]
         self.hook = self._make_hook()
 
     def _learn(self, sig: Tuple[Any, ...]) -> int:
@@ -108,7 +113,8 @@ class Digests:
         return g
 
     def _make_hook(self) -> Callable[..., None]:
-        groups, hashes, learn, new_group, abort = self.groups, self.hashes, self._learn, self._new_group, self.abort
+        groups, hashes, learn, new_group, abort, last = (self.groups, self.hashes, self._learn, self._new_group,
+                                                         self.abort, self.last)
         rmask, cmask, prime, mask = RING - 1, CHECKPOINT - 1, _PRIME, _MASK
 
         def hook(key: str, op: str, shapes: tuple, dtypes: tuple, root: Any, rec: tuple) -> None:
@@ -126,6 +132,7 @@ class Digests:
             g.ring[n & rmask] = (n, d, h, rec)
             g.d = d
             g.n = n + 1
+            last[0] = key
             if n & cmask == cmask:
                 g.cps.append((n, d))
 
@@ -201,7 +208,7 @@ def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str,
     """The JSON-able state one rank publishes: per group its count, digest, checkpoints and the
     detail of its last WINDOW collectives, plus that of ``focus`` = (group, lo, hi) when a checker
     asked for an older stretch (see :class:`Node`)."""
-    out: Dict[str, Any] = {"rank": rank, "t": round(time.time(), 3), "quiet": quiet, "g": {}}
+    out: Dict[str, Any] = {"rank": rank, "t": round(time.time(), 3), "quiet": quiet, "g": {}, "last": digests.last[0]}
     for name, g in list(digests.groups.items()):
         n = g.n
         first_seen = g.seen
@@ -225,6 +232,8 @@ def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str,
             wins.append(w)
         out["g"][name] = {"n": n, "d": format(g.d, "x"), "w": wins,
                           "cp": [[i, format(d, "x")] for i, d in list(g.cps)]}
+        if 0 < len(g.ranks) <= MAX_PUBLISHED_RANKS:
+            out["g"][name]["r"] = list(g.ranks)  # who must issue its calls (a cross-group wait needs it)
     return out
 
 
@@ -296,6 +305,10 @@ class Verdict:
         self.deviants, self.agreeing = deviants, agreeing
         self.deviant_entry, self.agreeing_entry = deviant_entry, agreeing_entry
         self.basis = basis
+        #: with basis "groups": the group the deviants wait in (``group`` is the agreeing side's)
+        self.other_group: Optional[str] = None
+        #: with basis "groups" and two sides as large: group -> the ranks waiting in it
+        self.sides: Optional[Dict[str, List[int]]] = None
         #: the last index both sides were seen to agree on (for a bounded ``index``)
         self.last_good = index - 1
         self.time = time.time()
@@ -308,6 +321,10 @@ class Verdict:
         def side(e: Optional[List[Any]]) -> str:
             return f"{e[1]} at {e[2]}" if e else "(not in its recent window)"
 
+        if self.basis == "groups":
+            from hangdoc.runtime.detect_groups import summary
+
+            return summary(self)
         where = f"collective #{self.index}" if self.exact else f"collective #{self.index} or earlier"
         s = (f"{describe_ranks(self.deviants)} diverged from {describe_ranks(self.agreeing)} in {self.group} at "
              f"{where}: {side(self.deviant_entry)} vs {side(self.agreeing_entry)}")
@@ -321,7 +338,8 @@ class Verdict:
         return {"hangdoc": "divergence", "version": 1, "group": self.group, "index": self.index, "exact": self.exact,
                 "deviants": self.deviants, "agreeing": self.agreeing, "deviant": self.deviant_entry,
                 "expected": self.agreeing_entry, "basis": self.basis, "time": self.time, "reporter": self.reporter,
-                "summary": self.summary}
+                "summary": self.summary, **({"other_group": self.other_group} if self.other_group else {}),
+                **({"sides": self.sides} if self.sides else {})}
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
@@ -329,6 +347,10 @@ class Verdict:
                 d.get("deviant"), d.get("expected"), d.get("basis", "majority"))
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
+        v.other_group = d.get("other_group")
+        sides = d.get("sides")
+        if isinstance(sides, dict):
+            v.sides = {str(k): [int(r) for r in rs if isinstance(r, int)] for k, rs in sides.items() if isinstance(rs, list)}
         return v
 
 
