@@ -22,12 +22,16 @@ def publish(rank: int, calls: List[str], members: Dict[str, tuple], quiet: bool 
     return detect.snapshot(dg, rank, lambda rec: ("all_reduce([4] float32)", rec[8]), quiet=quiet)
 
 
-@settings(max_examples=80, deadline=None)
+def split(world: int, data) -> tuple:
+    """The world's ranks, two groups of all of them, and the ranks that use them the other way."""
+    ranks = tuple(range(world))
+    return ranks, {"1": ranks, "2": ranks}, data.draw(st.sets(st.sampled_from(ranks), min_size=1, max_size=world - 1))
+
+
+@settings(max_examples=100, deadline=None)
 @given(world=st.integers(2, 12), data=st.data())
 def test_opposite_orders_name_the_smaller_side_or_both(world, data):
-    ranks = tuple(range(world))
-    members = {"1": ranks, "2": ranks}
-    flipped = data.draw(st.sets(st.sampled_from(ranks), min_size=1, max_size=world - 1))
+    ranks, members, flipped = split(world, data)
     warmup = data.draw(st.integers(0, 3))
     pubs = {}
     for r in ranks:
@@ -57,9 +61,7 @@ def test_opposite_orders_name_the_smaller_side_or_both(world, data):
 @settings(max_examples=60, deadline=None)
 @given(world=st.integers(2, 8), data=st.data())
 def test_no_cycle_no_verdict(world, data):
-    ranks = tuple(range(world))
-    members = {"1": ranks, "2": ranks}
-    flipped = data.draw(st.sets(st.sampled_from(ranks), min_size=1, max_size=world - 1))
+    ranks, members, flipped = split(world, data)
     case = data.draw(st.sampled_from(["issued", "busy", "outsider"]))
     pubs = {}
     for r in ranks:

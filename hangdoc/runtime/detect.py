@@ -38,6 +38,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from hangdoc.runtime.detect_groups import FIRST_GAP as FIRST_CROSS_GAP
+
 # the digests, publications and their comparison (pure); re-exported here, where they always were
 from hangdoc.runtime.detect_digest import (  # noqa: F401
     CHECKPOINT, CHECKPOINTS, RING, SHAPELESS, WINDOW, Digests, Verdict, _describe, combine, decide, digest_of,
@@ -109,6 +111,8 @@ class Node:
         self.claimed = False
         self.writes = self.reads = 0
         self._undecided: Dict[Tuple[str, int], float] = {}
+        #: when to look for a cross-group wait next while quiet, and the gap after that
+        self._cross_at, self._cross_gap = 0.0, FIRST_CROSS_GAP
 
     def key(self, rank: int) -> str:
         return f"{PREFIX}r{rank}"
@@ -146,6 +150,7 @@ class Node:
         if total != self.seen_total:
             self.seen_total, self.last_change = total, now
             self.quiet_published = False
+            self._cross_at, self._cross_gap = 0.0, FIRST_CROSS_GAP  # a new quiet phase: look again soon
         quiet = now - self.last_change >= self.quiet_after
         if final or now - self.last_state >= (self.read_every if (quiet or self.focus) else 2 * self.read_every):
             self._read_state(now)
@@ -244,8 +249,12 @@ class Node:
         stood for its PERSIST seconds (at once on the way out)."""
         from hangdoc.runtime import detect_groups
 
+        if not mine.get("quiet") or (not final and now < self._cross_at):
+            return None
         v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)
         if v is None:
+            self._cross_at = now + self._cross_gap
+            self._cross_gap = min(detect_groups.LAST_GAP, 2 * self._cross_gap)
             return None
         since = self._undecided.setdefault(("groups", v.group, v.other_group, v.index), now)
         return v if final or now - since >= detect_groups.PERSIST else None

@@ -309,6 +309,8 @@ class Verdict:
         self.other_group: Optional[str] = None
         #: with basis "groups" and two sides as large: group -> the ranks waiting in it
         self.sides: Optional[Dict[str, List[int]]] = None
+        #: the summary, where the rule that made the verdict wrote its own (hangdoc.runtime.detect_groups)
+        self.text: Optional[str] = None
         #: the last index both sides were seen to agree on (for a bounded ``index``)
         self.last_good = index - 1
         self.time = time.time()
@@ -321,10 +323,8 @@ class Verdict:
         def side(e: Optional[List[Any]]) -> str:
             return f"{e[1]} at {e[2]}" if e else "(not in its recent window)"
 
-        if self.basis == "groups":
-            from hangdoc.runtime.detect_groups import summary
-
-            return summary(self)
+        if self.text:
+            return self.text
         where = f"collective #{self.index}" if self.exact else f"collective #{self.index} or earlier"
         s = (f"{describe_ranks(self.deviants)} diverged from {describe_ranks(self.agreeing)} in {self.group} at "
              f"{where}: {side(self.deviant_entry)} vs {side(self.agreeing_entry)}")
@@ -348,6 +348,8 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
+        if v.basis == "groups" and isinstance(d.get("summary"), str):
+            v.text = d["summary"][:2000]
         sides = d.get("sides")
         if isinstance(sides, dict):
             v.sides = {str(k): [int(r) for r in rs if isinstance(r, int)] for k, rs in sides.items() if isinstance(rs, list)}

@@ -17,10 +17,11 @@ publications read); the smaller side is named, or both when they are as large.
     >>> side_g = {"1": {"n": 3, "r": [0, 1, 2, 3]}, "2": {"n": 2, "r": [0, 1, 2, 3]}}
     >>> side_h = {"1": {"n": 2, "r": [0, 1, 2, 3]}, "2": {"n": 3, "r": [0, 1, 2, 3]}}
     >>> pubs = {0: pub("1", side_g), 1: pub("1", side_g), 2: pub("1", side_g), 3: pub("2", side_h)}
-    >>> v = cross_group_wait(0, pubs[0], pubs.get, lambda name: (0, 1, 2, 3))
-    >>> v.deviants, v.agreeing, v.group, v.other_group
-    ([3], [0, 1, 2], '1', '2')
-    >>> cross_group_wait(0, pubs[0], {**pubs, 3: pub("2", side_h, quiet=False)}.get, lambda name: (0, 1, 2, 3)) is None
+    >>> v = cross_group_wait(3, pubs[3], pubs.get, lambda name: (0, 1, 2, 3))
+    >>> v.deviants, v.agreeing, sorted((v.group, v.other_group))
+    ([3], [0, 1, 2], ['1', '2'])
+    >>> busy = {**pubs, **{r: pub("1", side_g, quiet=False) for r in (0, 1, 2)}}  # still issuing calls
+    >>> cross_group_wait(3, pubs[3], busy.get, lambda name: (0, 1, 2, 3)) is None
     True
 """
 
@@ -30,9 +31,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hangdoc.runtime.detect_digest import Verdict, entry_at, partners
 
-#: publications read at most to find the partner of a cross-group wait, and to count the sides
-READ_FOR_PARTNER = 2
+#: publications read at most to count the sides of a cross-group wait once one is found
 READ_FOR_SIDES = 64
+#: seconds between two looks while quiet, doubling from the first to the last (a real deadlock is
+#: found within seconds; a long quiet phase, a checkpoint or an eval, costs a few looks)
+FIRST_GAP, LAST_GAP = 1.0, 30.0
 #: seconds the same cross-group wait must stand before it is reported (an async call may be what a
 #: rank left pending in the other group while it computes, and a slow rank gets there after all)
 PERSIST = 2.0
@@ -63,7 +66,7 @@ def cross_group_wait(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Opti
     g_ranks = list(_members(mine, g_name, ranks_of(g_name)))
     if not n or me not in g_ranks:
         return None
-    for q in partners(me, g_ranks, extra=READ_FOR_PARTNER):
+    for q in hypercube(me, g_ranks):
         other = pub_of(q)
         if not other or not other.get("quiet"):
             continue
@@ -75,6 +78,26 @@ def cross_group_wait(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Opti
             continue
         return _verdict(me, mine, q, other, g_name, h_name, pub_of, ranks_of)
     return None
+
+
+def hypercube(me: int, ranks: Sequence[int]) -> List[int]:
+    """The members at index ``i ^ 1``, ``i ^ 2``, ``i ^ 4``, ... of this rank's index ``i``: log2(n)
+    reads. However the members split in two sides, some member and one of these of its own are on
+    different sides (walk from one side to the other clearing, then setting, one bit at a time: every
+    step stays within the group), so some rank of either side finds the wait.
+
+        >>> hypercube(0, list(range(8))), hypercube(5, list(range(6)))
+        ([1, 2, 4], [4, 1])
+    """
+    if me not in ranks:
+        return []
+    i, n = list(ranks).index(me), len(ranks)
+    out, bit = [], 1
+    while bit < n:
+        if i ^ bit < n:
+            out.append(ranks[i ^ bit])
+        bit <<= 1
+    return out
 
 
 def _verdict(me: int, mine: Dict[str, Any], q: int, other: Dict[str, Any], g_name: str, h_name: str,
@@ -108,6 +131,7 @@ def _verdict(me: int, mine: Dict[str, Any], q: int, other: Dict[str, Any], g_nam
     v.other_group = dev_group
     if not agreeing:  # as large: the summary names each side with its call
         v.sides = {g_name: a, h_name: b}
+    v.text = summary(v)
     return v
 
 
