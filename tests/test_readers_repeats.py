@@ -110,10 +110,17 @@ def _write(tmp_path, name, text):
 
 
 def test_one_log_line_repeated_is_one_event_of_the_file(tmp_path):
+    from hangdoc.readers import crash_log
+    from hangdoc.readers._base import FileContext, Interner
+    from hangdoc.model import Source
+
     line = _line("logs/launch/pytorch-pytorch-72086.log", "Fatal Python error: Segmentation fault")
+    r = crash_log.Reader(FileContext("x.log", Source("x.log"), Interner()))
+    for i in range(3):
+        r.feed(i + 1, line, (None, None, None))
+    assert len(r.events) == 1 and r.emitted == 3  # one event, the lines still counted
     job = _read(tmp_path, "x.log", "\n".join([line] * 5000) + "\n")
-    assert job.sources[0].events == 1
-    assert [(e.kind, e.fields["exc"]) for e in job.events] == [("exception", "Fatal Python error: Segmentation fault")]
+    assert [(e.kind, e.fields["exc"], e.line) for e in job.events] == [("exception", "Fatal Python error: Segmentation fault", 1)]
 
 
 def test_a_log_line_repeated_in_a_row_is_shown_to_the_readers_max_run_times(tmp_path, monkeypatch):

@@ -368,7 +368,8 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
             if not ranks[None]:
                 del ranks[None]
             ranks[e.rank] += 1
-    source.events = len(events)
+    # the event lines read, as before a line repeated right after itself became one event (emit)
+    source.events = len(events) + sum(r.emitted - len(r.events) for r in readers)
     for r in readers:
         if r.events and r.format not in source.formats:
             source.formats.append(r.format)
