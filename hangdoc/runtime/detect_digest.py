@@ -232,8 +232,10 @@ def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str,
             wins.append(w)
         out["g"][name] = {"n": n, "d": format(g.d, "x"), "w": wins,
                           "cp": [[i, format(d, "x")] for i, d in list(g.cps)]}
-        if 0 < len(g.ranks) <= MAX_PUBLISHED_RANKS:
-            out["g"][name]["r"] = list(g.ranks)  # who must issue its calls (a cross-group wait needs it)
+        if quiet and 0 < len(g.ranks) <= MAX_PUBLISHED_RANKS:
+            # who must issue its calls: only the cross-group check reads it, and only in a quiet
+            # rank's publication (the once-a-second ones while the job runs stay as small as before)
+            out["g"][name]["r"] = list(g.ranks)
     return out
 
 
