@@ -149,6 +149,13 @@ def _handler(signum: int, frame: Any) -> None:
             return
         if not late and (not _state["done"] or _busy_elsewhere(me)):
             _state["resend"] = signum  # the work running elsewhere sends it again when it is over
+            if not _state.get("backstop"):
+                # and if it never does (the thread missed its wakeup byte), the signal comes back
+                # once the time to wait is over, when this handler ends the process
+                _state["backstop"] = True
+                t = threading.Timer(HOLD_LIMIT + 0.5, _resend_if_due, kwargs={"force": True})
+                t.daemon = True
+                t.start()
             return
     _end_as_before(signum, frame)
 
