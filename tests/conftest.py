@@ -15,6 +15,15 @@ import sys
 
 import pytest
 
+# Bytecode caching on for this run and every process it starts. With PYTHONDONTWRITEBYTECODE set
+# (container images often set it; this machine does), each of the suite's ~150 pytest processes
+# (xdist workers, rank processes, pytester and docs runs) parsed and assert-rewrote hypothesis again
+# (pytest rewrites the modules of every plugin it loads and caches the result only where bytecode
+# may be written): 1.5-2.5 s of CPU each. A module edited since its bytecode was written is compiled
+# again by every process that imports it, too.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

@@ -55,6 +55,25 @@ def processes_mentioning(text: str):
             continue
         if text in cmd and state != "Z":
             found.append((int(name), cmd))
+    # A warm rank (forked from a zygote, hangdoc.testing.warm) shows the zygote's command line: it is
+    # found by the pid it wrote into its run directory (pytester's in-process runs keep theirs next
+    # to pytester.path, in the same base directory).
+    if os.path.isdir(text):
+        known = {pid for pid, _ in found}
+        pattern = os.path.join(os.path.dirname(os.path.abspath(text)), "**", "hangdoc-*", "started-r*")
+        for path in glob.glob(pattern, recursive=True):
+            try:
+                with open(path) as f:
+                    pid = int(f.read().strip() or 0)
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[-1].split()[0]
+            except (OSError, ValueError):
+                continue
+            if pid not in known and state != "Z" and "hangdoc/testing/warm.py" in cmd:
+                known.add(pid)
+                found.append((pid, f"{cmd} (the rank of {path})"))
     return found
 
 

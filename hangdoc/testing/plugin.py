@@ -426,7 +426,7 @@ def _run_processes(item: pytest.Function, spec: Spec) -> None:
         store_addr = f"127.0.0.1:{store.port}"
     cmds = [_child_command(item, run_dir, r) for r in range(spec.world_size)]
     envs = [_child_env(item, spec, r, run_dir, store_addr) for r in range(spec.world_size)]
-    ranks = RankProcesses(cmds, envs, log_dir=run_dir, cwd=str(item.config.invocation_params.dir))
+    ranks = RankProcesses(cmds, envs, log_dir=run_dir, cwd=str(item.config.invocation_params.dir), warm=True)
     hang: Optional[Dict[str, Any]] = None
     try:
         clock = _Clock(run_dir, ranks, spec.timeout)

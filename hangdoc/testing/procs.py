@@ -31,9 +31,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hangdoc.proctree import parent_map
+from hangdoc.testing import warm as _warm
 
 #: environment variable naming the control pipe's read end in a rank process.
 CONTROL_FD_ENV = "HANGDOC_TESTING_CONTROL_FD"
@@ -50,41 +51,48 @@ class RankProcesses:
         env: Sequence[Dict[str, Optional[str]]],
         log_dir: Optional[str],
         cwd: Optional[str] = None,
+        warm: bool = False,
     ) -> None:
-        self.procs: List[subprocess.Popen] = []
+        """``warm``: fork ``python -m pytest`` ranks from zygotes that imported torch already
+        (:mod:`hangdoc.testing.warm`); other commands, and ranks a zygote cannot fork, start cold."""
+        self.procs: List[Any] = []  # subprocess.Popen, or warm.WarmProcess
         self._control: List[int] = []
         self.log_paths: List[Optional[str]] = []
         self._log_dir = log_dir or tempfile.mkdtemp(prefix="hangdoc-ranks-")
         self._own_log_dir = log_dir is None
+        envs = [_child_env(extra) for extra in env]
+        self._warm = None
+        if warm and _warm.enabled():
+            self._warm = _warm.pool()
+            self._warm.prepare(envs)  # every rank's zygote starts at once: their imports overlap
         try:
-            for i, (cmd, extra) in enumerate(zip(commands, env)):
-                self._start(i, list(cmd), extra, cwd)
+            for i, (cmd, child_env) in enumerate(zip(commands, envs)):
+                self._start(i, list(cmd), child_env, cwd)
         except BaseException:
             self.kill_all()
             raise
 
-    def _start(self, index: int, cmd: List[str], extra: Dict[str, Optional[str]], cwd: Optional[str]) -> None:
+    def _start(self, index: int, cmd: List[str], child_env: Dict[str, str], cwd: Optional[str]) -> None:
         read_end, write_end = os.pipe()
-        child_env = dict(os.environ)
-        for k, v in extra.items():
-            if v is None:
-                child_env.pop(k, None)  # None: not inherited
-            else:
-                child_env[k] = v
+        child_env = dict(child_env)
         child_env[CONTROL_FD_ENV] = str(read_end)
         log_path = os.path.join(self._log_dir, f"output-r{index}.log")
         with open(log_path, "wb") as log:
             try:
-                proc = subprocess.Popen(
-                    cmd,
-                    env=child_env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(read_end,),
-                    start_new_session=True,
-                )
+                proc = None
+                if self._warm is not None:
+                    proc = self._warm.spawn(index, cmd, child_env, cwd, [log.fileno(), read_end], CONTROL_FD_ENV)
+                if proc is None:
+                    proc = subprocess.Popen(
+                        cmd,
+                        env=child_env,
+                        cwd=cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        pass_fds=(read_end,),
+                        start_new_session=True,
+                    )
             finally:
                 os.close(read_end)
         self.procs.append(proc)
@@ -163,6 +171,17 @@ class RankProcesses:
         self._control = [-1] * len(self._control)
         if self._own_log_dir:
             shutil.rmtree(self._log_dir, ignore_errors=True)
+
+
+def _child_env(extra: Dict[str, Optional[str]]) -> Dict[str, str]:
+    """This process's environment with ``extra`` over it (None: not inherited)."""
+    env = dict(os.environ)
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
 
 
 def _killpg(pgid: int) -> None:
