@@ -79,10 +79,12 @@ def from_report(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def from_divergence(div: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """``--detect``'s ``divergence.json``: the deviants of a diverged collective."""
+    """``--detect``'s ``divergence.json``: its deviants, and its kind (a collective mismatch unless it
+    names a point-to-point one)."""
     if not div or not div.get("deviants"):
         return None
-    return {"kind": "collective-mismatch", "culprits": sorted(set(int(r) for r in div["deviants"])),
+    kind = div.get("kind") if div.get("kind") in ("p2p-stall", "p2p-cycle") else "collective-mismatch"
+    return {"kind": kind, "culprits": sorted(set(int(r) for r in div["deviants"])),
             "summary": div.get("summary", "")}
 
 

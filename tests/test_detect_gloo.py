@@ -48,6 +48,44 @@ SHAPE_MISMATCH = textwrap.dedent('''\
         dist.all_reduce(torch.ones(n))
     ''')
 
+# A ring exchange that receives before it sends, on every rank: a receive cycle of all three.
+RECV_CYCLE = textwrap.dedent('''\
+    import time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(16)
+    for step in range(40):   # a healthy pipeline first: sends and receives that pair up
+        if rank % 2 == 0:
+            dist.send(x, dst=(rank + 1) % world) if rank + 1 < world else None
+            dist.recv(x, src=rank - 1) if rank > 0 else None
+        else:
+            dist.recv(x, src=rank - 1)
+            dist.send(x, dst=rank + 1) if rank + 1 < world else None
+        dist.all_reduce(x)
+    print("DIVERGE_AT", time.time(), flush=True)
+    dist.recv(x, src=(rank - 1) % world)   # the bug: everybody receives first
+    dist.send(x, dst=(rank + 1) % world)
+    ''')
+
+# A 3-stage pipeline 0 -> 1 -> 2 where rank 1 names the wrong source (2, not 0).
+WRONG_PEER = textwrap.dedent('''\
+    import time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    x = torch.ones(16)
+    for step in range(20):
+        dist.all_reduce(x)
+    print("DIVERGE_AT", time.time(), flush=True)
+    if rank == 0:
+        dist.send(x, dst=1)
+    elif rank == 1:
+        dist.recv(x, src=2)   # the bug: its activation comes from rank 0
+        dist.send(x, dst=2)
+    else:
+        dist.recv(x, src=1)
+    dist.barrier()
+    ''')
+
 # A correct program: several groups, p2p, async ops, object collectives, ranks that pause.
 CORRECT = textwrap.dedent('''\
     import time, torch, torch.distributed as dist
@@ -205,6 +243,24 @@ def test_groups_entered_in_opposite_orders_name_the_odd_rank(tmp_path):
     assert "rank 3 waits in all_reduce([4] float32) at train.py:10 of group" in v["summary"], v["summary"]
     assert "the ranks entered the two groups in opposite orders" in v["summary"]
     assert latency <= 10.0  # quiet 0.5 s, then the wait must stand for 2 s
+    _said(err, v)
+
+
+def test_receive_cycle_names_every_rank_of_it(tmp_path):
+    v, latency, _out, err = _wait_verdict(tmp_path, RECV_CYCLE, 3)
+    assert (v["kind"], v["deviants"], v["basis"]) == ("p2p-cycle", [0, 1, 2], "p2p"), v
+    assert "(0 <- 2 <- 1 <- 0) and none sends" in v["summary"] and "at train.py:14" in v["summary"], v["summary"]
+    assert latency <= 10.0  # quiet, then the wait must stand for 2 s
+    _said(err, v)
+
+
+def test_a_receive_from_the_wrong_peer_names_the_receiver_and_its_sender(tmp_path):
+    v, latency, _out, err = _wait_verdict(tmp_path, WRONG_PEER, 3)
+    assert (v["kind"], v["deviants"], v["expected_peer"]) == ("p2p-stall", [1], 0), v
+    assert v["summary"].startswith("rank 1 waits in recv([16] float32, peer=2) at train.py:11 for a message from rank 2"), v
+    assert ("a send of rank 0 to rank 1 is unmatched (1 sent, 0 received): rank 1 receives from the wrong peer; its "
+            "message is from rank 0") in v["summary"], v["summary"]
+    assert latency <= 10.0
     _said(err, v)
 
 

@@ -245,18 +245,21 @@ class Node:
 
     def _cross_group(self, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]], now: float,
                      final: bool) -> Optional[Verdict]:
-        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`), once it has
-        stood for its PERSIST seconds (at once on the way out)."""
-        from hangdoc.runtime import detect_groups
+        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`), or a receive
+        that cannot end (:mod:`hangdoc.runtime.detect_p2p`), once it has stood for PERSIST seconds
+        (at once on the way out)."""
+        from hangdoc.runtime import detect_groups, detect_p2p
 
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
         v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)
         if v is None:
+            v = detect_p2p.p2p_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"))
+        if v is None:
             self._cross_at = now + self._cross_gap
             self._cross_gap = min(detect_groups.LAST_GAP, 2 * self._cross_gap)
             return None
-        since = self._undecided.setdefault(("groups", v.group, v.other_group, v.index), now)
+        since = self._undecided.setdefault((v.basis, v.kind, v.group, v.other_group, v.index, tuple(v.deviants)), now)
         return v if final or now - since >= detect_groups.PERSIST else None
 
 
@@ -320,6 +323,7 @@ class Detector:
             raise RuntimeError("the collective recorder could not be enabled (no torch.distributed)")
         recorder._PASS_THROUGH = (DivergenceError,)
         recorder._detect = self.digests.hook
+        recorder._detect_p2p = self.digests.hook_p2p
         self._thread = threading.Thread(target=self._run, name="hangdoc-detect", daemon=True)
         self._thread.start()
         atexit.register(self._final)
@@ -340,6 +344,8 @@ class Detector:
         on_term.uninstall(self._final)
         if recorder._detect is self.digests.hook:
             recorder._detect = None
+        if recorder._detect_p2p is self.digests.hook_p2p:
+            recorder._detect_p2p = None
         self._stop.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():

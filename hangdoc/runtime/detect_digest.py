@@ -26,6 +26,10 @@ CHECKPOINTS = RING // CHECKPOINT
 
 #: a group's member list is published up to this size (larger groups: what the reader knows itself)
 MAX_PUBLISHED_RANKS = 256
+#: peers a quiet rank publishes its point-to-point counts with (a pipeline stage has two or four)
+MAX_PEERS = 64
+#: point-to-point ops that receive (the others send)
+_RECEIVES = frozenset({"recv", "irecv"})
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3  # FNV-1a's: (d ^ h) * P is order-sensitive and cheap
@@ -99,7 +103,14 @@ class Digests:
         self.abort: List[BaseException] = []
         #: [the group of the latest collective issued] (a list: the hook stores into it)
         self.last: List[Optional[str]] = [None]
+        #: point-to-point calls: sends and receives issued per global peer rank, their count, and
+        #: [the latest one's record when it is the latest call of all, else None]
+        self.sent: Dict[int, int] = {}
+        self.received: Dict[int, int] = {}
+        self.p2p_n: List[int] = [0]
+        self.last_p2p: List[Optional[tuple]] = [None]
         self.hook = self._make_hook()
+        self.hook_p2p = self._make_hook_p2p()
 
     def _learn(self, sig: Tuple[Any, ...]) -> int:
         if len(self.hashes) > 65536:  # dynamic shapes: keep the cache bounded
@@ -115,6 +126,7 @@ class Digests:
     def _make_hook(self) -> Callable[..., None]:
         groups, hashes, learn, new_group, abort, last = (self.groups, self.hashes, self._learn, self._new_group,
                                                          self.abort, self.last)
+        last_p2p = self.last_p2p
         rmask, cmask, prime, mask = RING - 1, CHECKPOINT - 1, _PRIME, _MASK
 
         def hook(key: str, op: str, shapes: tuple, dtypes: tuple, root: Any, rec: tuple) -> None:
@@ -133,13 +145,29 @@ class Digests:
             g.d = d
             g.n = n + 1
             last[0] = key
+            last_p2p[0] = None
             if n & cmask == cmask:
                 g.cps.append((n, d))
 
         return hook
 
+    def _make_hook_p2p(self) -> Callable[..., None]:
+        sent, received, count, last_p2p = self.sent, self.received, self.p2p_n, self.last_p2p
+
+        def hook_p2p(op: str, peer: Any, rec: tuple) -> None:
+            if type(peer) is not int:
+                return
+            counts = received if op in _RECEIVES else sent
+            counts[peer] = counts.get(peer, 0) + 1
+            count[0] += 1
+            last_p2p[0] = rec
+
+        return hook_p2p
+
     def total(self) -> int:
-        return sum(g.n for g in self.groups.values())
+        """Calls issued so far (point-to-point ones too: a pipeline stage that only sends and
+        receives is making progress)."""
+        return sum(g.n for g in self.groups.values()) + self.p2p_n[0]
 
 
 # -- what a rank publishes -------------------------------------------------------------------------
@@ -209,6 +237,8 @@ def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str,
     detail of its last WINDOW collectives, plus that of ``focus`` = (group, lo, hi) when a checker
     asked for an older stretch (see :class:`Node`)."""
     out: Dict[str, Any] = {"rank": rank, "t": round(time.time(), 3), "quiet": quiet, "g": {}, "last": digests.last[0]}
+    if quiet and digests.p2p_n[0]:
+        out["p"] = _p2p_state(digests, describe)
     for name, g in list(digests.groups.items()):
         n = g.n
         first_seen = g.seen
@@ -236,6 +266,22 @@ def snapshot(digests: Digests, rank: int, describe: Callable[[tuple], Tuple[str,
             # who must issue its calls: only the cross-group check reads it, and only in a quiet
             # rank's publication (the once-a-second ones while the job runs stay as small as before)
             out["g"][name]["r"] = list(g.ranks)
+    return out
+
+
+def _p2p_state(digests: Digests, describe: Callable[[tuple], Tuple[str, str]]) -> Dict[str, Any]:
+    """A quiet rank's point-to-point counts per peer (``s`` sent, ``r`` received; at most
+    MAX_PEERS each, the largest) and ``w``, the call it sits in when its latest call of all was a
+    point-to-point one: [op, peer, call, site] (read by :mod:`hangdoc.runtime.detect_p2p`)."""
+    def top(counts: Dict[int, int]) -> Dict[str, int]:
+        items = sorted(list(counts.items()), key=lambda kv: -kv[1])[:MAX_PEERS]
+        return {str(k): v for k, v in items}
+
+    out: Dict[str, Any] = {"s": top(digests.sent), "r": top(digests.received), "w": None}
+    rec = digests.last_p2p[0]
+    if rec is not None:
+        call, site = describe(rec)
+        out["w"] = [rec[1], rec[6], call, site]
     return out
 
 
@@ -313,6 +359,10 @@ class Verdict:
         self.sides: Optional[Dict[str, List[int]]] = None
         #: the summary, where the rule that made the verdict wrote its own (hangdoc.runtime.detect_groups)
         self.text: Optional[str] = None
+        #: the finding's kind (docs/findings): a point-to-point rule's are p2p-stall and p2p-cycle
+        self.kind = "collective-mismatch"
+        #: with kind p2p-stall: the rank whose message the deviant should receive
+        self.expected_peer: Optional[int] = None
         #: the last index both sides were seen to agree on (for a bounded ``index``)
         self.last_good = index - 1
         self.time = time.time()
@@ -337,11 +387,13 @@ class Verdict:
         return s
 
     def to_json(self) -> Dict[str, Any]:
-        return {"hangdoc": "divergence", "version": 1, "group": self.group, "index": self.index, "exact": self.exact,
+        return {"hangdoc": "divergence", "version": 1, "kind": self.kind, "group": self.group, "index": self.index,
+                "exact": self.exact,
                 "deviants": self.deviants, "agreeing": self.agreeing, "deviant": self.deviant_entry,
                 "expected": self.agreeing_entry, "basis": self.basis, "time": self.time, "reporter": self.reporter,
                 "summary": self.summary, **({"other_group": self.other_group} if self.other_group else {}),
-                **({"sides": self.sides} if self.sides else {})}
+                **({"sides": self.sides} if self.sides else {}),
+                **({"expected_peer": self.expected_peer} if self.expected_peer is not None else {})}
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
@@ -350,8 +402,12 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis == "groups" and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
+        if d.get("kind") in ("collective-mismatch", "p2p-stall", "p2p-cycle"):
+            v.kind = d["kind"]
+        if type(d.get("expected_peer")) is int:
+            v.expected_peer = d["expected_peer"]
         sides = d.get("sides")
         if isinstance(sides, dict):
             v.sides = {str(k): [int(r) for r in rs if isinstance(r, int)] for k, rs in sides.items() if isinstance(rs, list)}

@@ -183,6 +183,8 @@ def _issue_body(spec: "_Spec", value: str, group: str, root: str, group_root: st
             f"_rec = (_seq, {op!r}, _info, _shapes, _dtypes, _root, _peer, _async, _site, _stream, _ph, _t0, None, 'issued')"]
     if not spec.p2p:  # hangdoc.runtime.detect: rolling signature digests of collectives
         tail += ["if _detect is not None:", f"    _detect(_key, {op!r}, _shapes, _dtypes, _root, _rec)"]
+    else:  # and per-peer counts of point-to-point calls
+        tail += ["if _detect_p2p is not None:", f"    _detect_p2p({op!r}, _peer, _rec)"]
     tail += ["_r._buf.append(_rec)"]
     b += ["else:"] + ["    " + line for line in tail]
     return out + ["    " + line for line in b]
@@ -871,6 +873,8 @@ _c10d: Any = None
 #: hangdoc.runtime.detect's hook, called with each collective's signature (None: off), and the
 #: exceptions it may raise that must reach the caller (its abort) instead of being contained.
 _detect: Optional[Callable[..., None]] = None
+#: its hook for point-to-point calls, called with (op, global peer rank, record) (None: off)
+_detect_p2p: Optional[Callable[..., None]] = None
 _PASS_THROUGH: Tuple[type, ...] = ()
 
 
