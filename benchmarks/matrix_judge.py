@@ -80,10 +80,10 @@ def from_report(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 def from_divergence(div: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """``--detect``'s ``divergence.json``: its deviants, and its kind (a collective mismatch unless it
-    names a point-to-point one)."""
+    names another)."""
     if not div or not div.get("deviants"):
         return None
-    kind = div.get("kind") if div.get("kind") in ("p2p-stall", "p2p-cycle") else "collective-mismatch"
+    kind = div.get("kind") if div.get("kind") in ("p2p-stall", "p2p-cycle", "rank-failed") else "collective-mismatch"
     return {"kind": kind, "culprits": sorted(set(int(r) for r in div["deviants"])),
             "summary": div.get("summary", "")}
 

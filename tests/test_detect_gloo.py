@@ -86,6 +86,22 @@ WRONG_PEER = textwrap.dedent('''\
     dist.barrier()
     ''')
 
+# Rank 1 raises between two collectives; a non-daemon thread keeps its process alive, so the others
+# wait for it in the next all_reduce.
+RAISES = textwrap.dedent('''\
+    import threading, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    threading.Thread(target=time.sleep, args=(120,)).start()
+    t = torch.ones(32)
+    for step in range(30):
+        dist.all_reduce(t)
+        if step == 20:
+            print("DIVERGE_AT", time.time(), flush=True)
+            if rank == 1:
+                raise ValueError("loss is nan")
+    ''')
+
 # A correct program: several groups, p2p, async ops, object collectives, ranks that pause.
 CORRECT = textwrap.dedent('''\
     import time, torch, torch.distributed as dist
@@ -261,6 +277,16 @@ def test_a_receive_from_the_wrong_peer_names_the_receiver_and_its_sender(tmp_pat
     assert ("a send of rank 0 to rank 1 is unmatched (1 sent, 0 received): rank 1 receives from the wrong peer; its "
             "message is from rank 0") in v["summary"], v["summary"]
     assert latency <= 10.0
+    _said(err, v)
+
+
+def test_a_rank_that_raised_is_named_with_its_exception(tmp_path):
+    v, latency, _out, err = _wait_verdict(tmp_path, RAISES, 3)
+    assert (v["kind"], v["deviants"], v["basis"]) == ("rank-failed", [1], "raised"), v
+    assert v["summary"] == ("rank 1 raised ValueError: loss is nan at train.py:11 in <module>; its last collective was "
+                            "#20 of default_pg, all_reduce([32] float32) at train.py:7: the other ranks wait for it at "
+                            "their next collective"), v["summary"]
+    assert latency <= 5.0
     _said(err, v)
 
 

@@ -99,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
             dog = watchdog.get()
             if dog is not None:  # the others will wait for this rank: tell their report why
                 dog.raised(e)
+            from hangdoc.runtime import detect
+
+            det = detect.get()
+            if det is not None:  # and the detector's verdict
+                det.raised(e)
             raise SystemExit(1) from None
 
     interrupted: list = []

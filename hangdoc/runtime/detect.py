@@ -188,6 +188,10 @@ class Node:
                 return None
             if now - self._focus_asked < FOCUS_WAIT:
                 return None
+        return self.claim(v, now)
+
+    def claim(self, v: Verdict, now: float) -> Verdict:
+        """Report ``v`` as the job's verdict unless another rank reported one first (then that one)."""
         v.reporter = self.rank
         if int(self.ops.add(CLAIM_KEY, 1)) == 1:
             self.ops.set(STATE_KEY, json.dumps({"verdict": v.to_json()}))
@@ -441,6 +445,33 @@ class Detector:
             self.digests.abort.append(DivergenceError(f"hangdoc: {v.summary}"))
         elif self.policy == "dump":
             self._dump(v)
+
+    def raised(self, e: BaseException) -> None:
+        """The script raised out of its main function: the others will wait for this rank at its
+        next collective, so this is the verdict (``rank-failed``), reported at once. Not when the
+        exception came out of a torch.distributed call: that is how a rank learns that another one
+        failed (gloo's ``Connection closed by peer``), a consequence, not the cause."""
+        from hangdoc.runtime import detect_failed
+
+        if self.verdict is not None:
+            return
+        try:
+            ident = self._ident()
+            v = detect_failed.verdict(e, ident.rank, self.digests, self._describe)
+            if v is None:
+                return
+            with self._tick_lock:
+                if self.verdict is not None:
+                    return
+                mine = False
+                if self._ready() and self.node is not None:
+                    v = self.node.claim(v, time.monotonic())
+                    mine = self.node.claimed
+                else:
+                    v.reporter, mine = ident.rank, True
+                self._act(v, mine=mine)
+        except Exception as err:  # the detector must never take the job down
+            self._say(f"hangdoc detect: {type(err).__name__}: {err}")
 
     def _dump(self, v: Verdict) -> None:
         """Every rank writes its stacks and records; the watchdog's exchange makes the report."""

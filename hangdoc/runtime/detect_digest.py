@@ -359,7 +359,8 @@ class Verdict:
         self.sides: Optional[Dict[str, List[int]]] = None
         #: the summary, where the rule that made the verdict wrote its own (hangdoc.runtime.detect_groups)
         self.text: Optional[str] = None
-        #: the finding's kind (docs/findings): a point-to-point rule's are p2p-stall and p2p-cycle
+        #: the finding's kind (docs/findings): a point-to-point rule's are p2p-stall and p2p-cycle, a
+        #: rank that raised is rank-failed (hangdoc.runtime.detect_failed)
         self.kind = "collective-mismatch"
         #: with kind p2p-stall: the rank whose message the deviant should receive
         self.expected_peer: Optional[int] = None
@@ -402,9 +403,9 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis in ("groups", "p2p") and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p", "raised") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
-        if d.get("kind") in ("collective-mismatch", "p2p-stall", "p2p-cycle"):
+        if d.get("kind") in ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed"):
             v.kind = d["kind"]
         if type(d.get("expected_peer")) is int:
             v.expected_peer = d["expected_peer"]

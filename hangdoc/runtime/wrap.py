@@ -276,6 +276,8 @@ def wrap(
         except Exception as e:
             if helpers.watchdog is not None:  # the others will wait for this rank: tell their report why
                 helpers.watchdog.raised(e)
+            if helpers.detector is not None:  # and the detector's verdict
+                helpers.detector.raised(e)
             raise
         finally:
             helpers.stop(restore_prefix=ok)
