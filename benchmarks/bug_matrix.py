@@ -10,7 +10,8 @@ whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
   (the watchdog's ``OUT/report.json``; for a job that only is slow, as it stands when the job has
   ended) and ``aggregate`` (``hangdoc aggregate OUT --format json`` after the job is stopped).
 * **detect**: ``torchrun -m hangdoc --detect --out OUT script``; column ``detect`` is
-  ``OUT/divergence.json`` (the detector's deviants), waited for up to 8 s after the hang point.
+  ``OUT/divergence.json`` (the detector's deviants), waited for up to 8 s after the hang point (one
+  written while the job was being stopped is kept as ``divergence-at-teardown.json``, not graded).
 * **plain**: the script alone; once every rank printed ``HANG-POINT`` (or the job died) and 3 s
   passed, ``py-spy dump --subprocesses --pid RANK`` of every rank, then ``hangdoc aggregate
   --rank-map`` of those dumps (the pid -> rank map read from each rank's ``RANK`` variable).
@@ -344,14 +345,19 @@ def run_detect(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
     found = os.path.join(out, "divergence.json")
     for env in s["runs"]:
         job = Job(["-m", "hangdoc", "--detect", "--out", out, s["path"]], world, env, os.path.join(d, "detect.log"))
+        before_stop = False
         try:
             if os.path.exists(found):  # the previous run's (two_jobs)
                 os.replace(found, os.path.join(out, f"divergence-before-{int(time.time())}.json"))
             state = job.wait_hung(world)
             # the detector publishes at once when a rank goes quiet and compares within a second or two
             job.wait_for(lambda: os.path.exists(found), HANG_TIMEOUT)
+            before_stop = os.path.exists(found)
         finally:
             job.stop()
+        if not before_stop and os.path.exists(found):
+            # written while the job was being stopped (what the teardown broke): kept, not graded
+            os.replace(found, os.path.join(out, "divergence-at-teardown.json"))
     return {"state": state}
 
 

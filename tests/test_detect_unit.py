@@ -162,8 +162,10 @@ class _DictStore:
         return v
 
 
-def _simulate(nranks: int, per_tick: int, deviant: int, at: int, ticks: int = 40):
-    """Ranks issuing ``per_tick`` collectives per 0.25 s tick; ``deviant`` changes collective ``at``."""
+def _simulate(nranks: int, per_tick: int, deviant, at: int, ticks: int = 40):
+    """Ranks issuing ``per_tick`` collectives per 0.25 s tick; ``deviant`` (a rank or a tuple of
+    ranks) changes collective ``at``."""
+    deviants = deviant if isinstance(deviant, tuple) else (deviant,)
     store = _DictStore()
     ranks = tuple(range(nranks))
     digests = {r: detect.Digests() for r in ranks}
@@ -175,8 +177,8 @@ def _simulate(nranks: int, per_tick: int, deviant: int, at: int, ticks: int = 40
         for r in ranks:
             for j in range(per_tick):
                 i = step * per_tick + j
-                op, shapes, dtypes, root = SIGS[3 if (r == deviant and i == at) else i % 3]
-                site = 99 if (r == deviant and i == at) else i % 3
+                op, shapes, dtypes, root = SIGS[3 if (r in deviants and i == at) else i % 3]
+                site = 99 if (r in deviants and i == at) else i % 3
                 digests[r].hook("default_pg", op, shapes, dtypes, root, (i, op, ("default_pg", ranks), shapes, dtypes, root, None, False, site))
         now += 0.25
         for r in ranks:
@@ -187,13 +189,22 @@ def _simulate(nranks: int, per_tick: int, deviant: int, at: int, ticks: int = 40
     return found, nodes, store
 
 
+def test_two_ranks_that_diverged_alike_are_both_named():
+    # ranks 5 and 6 of 8 change the same call: whichever checker finds it, it names both
+    found, _nodes, _store = _simulate(8, 10, deviant=(5, 6), at=205)
+    assert found
+    first = found[0][2]
+    assert (first.deviants, first.agreeing) == ([5, 6], [0, 1, 2, 3, 4, 7]), first.summary
+
+
 def test_nodes_publish_at_a_bounded_rate_and_agree_on_one_verdict():
     found, nodes, _store = _simulate(6, 10, deviant=4, at=205)
     writes = sum(n.writes for n in nodes.values())
     assert writes <= 6 * 10 + 6 + 4  # ≤ 1 publication per rank per second (+ the verdict)
     assert found and sum(claimed for *_, claimed in found) == 1  # one rank reports
     first = found[0][2]
-    assert (first.deviants, first.index, first.exact, first.agreeing) == ([4], 205, True, [0, 1, 3, 5])
+    # once a difference is found every member is read (up to NAME_ALL): all the opinions are there
+    assert (first.deviants, first.index, first.exact, first.agreeing) == ([4], 205, True, [0, 1, 2, 3, 5])
     assert first.deviant_entry[1:3] == ["broadcast", "t.py:99"]
     assert found[0][0] <= 5.125 + 1.5  # seconds after the divergent call
     assert all(v.to_json() == first.to_json() for _, _, v, _ in found)  # every rank learns the same verdict

@@ -61,6 +61,9 @@ READ = 0.5
 #: wait for a third opinion in a group of three or more before deciding on two
 OPINIONS = 3
 UNDECIDED_WAIT = 1.5
+#: members read once a difference is found, so that every deviant among them is named (two ranks
+#: that skipped the same call are both culprits): store reads only on the rare difference
+NAME_ALL = 64
 #: how long a checker waits for the older detail it asked for before reporting a bounded index
 FOCUS_WAIT = 3.0
 #: the most a process's exit waits for its last publication
@@ -230,14 +233,16 @@ class Node:
                 diff = first_difference(g, og)
                 if diff is None:
                     continue
-                for q in partners(self.rank, ranks, extra=OPINIONS)[len(base):]:
+                for q in partners(self.rank, ranks, extra=max(OPINIONS, NAME_ALL))[len(base):]:
                     pub_of(q)
                 members = set(ranks)
                 pubs = {q: c["g"][name] for q, c in cache.items()
                         if q in members and c is not None and name in c.get("g", {})}
                 knowers = sum(1 for q in pubs.values() if diff[0] in known_digests(q))
-                if knowers < min(3, len(ranks)):
-                    # two opinions where a third may come: wait for it, a little
+                if knowers < min(3, len(ranks)) or knowers < len(pubs):
+                    # two opinions where a third may come, or members read that have not published
+                    # that call yet (another deviant among them is named only once it has): wait
+                    # for them, a little
                     since = self._undecided.setdefault((name, diff[0]), now)
                     if now - since < UNDECIDED_WAIT:
                         continue

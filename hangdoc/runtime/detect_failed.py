@@ -7,7 +7,8 @@ exception, where it was raised and the last call this rank issued.
 
 An exception raised from inside a torch.distributed call is left alone: that is how a rank learns
 that another one failed (gloo's ``Connection closed by peer`` when the culprit aborted), a
-consequence and not the cause.
+consequence and not the cause. So is one raised after a SIGTERM came: the launcher is ending the
+job, and what fails then (a DataLoader whose workers it killed) fails because of that.
 
     >>> from hangdoc.runtime.detect_digest import Digests
     >>> def fail():
@@ -51,10 +52,12 @@ def _message(e: BaseException) -> str:
 
 def verdict(e: BaseException, rank: int, digests: Any, describe: Callable[[tuple], Tuple[str, str]]) -> Optional[Verdict]:
     """The ``rank-failed`` verdict for ``e``, raised on ``rank``; None for an exception that came
-    out of a collective."""
+    out of a collective, or after a SIGTERM."""
     from hangdoc.ranges import describe_ranks
 
-    if from_a_collective(e):
+    from hangdoc.runtime import on_term
+
+    if from_a_collective(e) or on_term.terminating():
         return None
     frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
     where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""

@@ -128,6 +128,11 @@ def holding() -> Iterator[None]:
         _resend_if_due()
 
 
+def terminating() -> bool:
+    """Whether a SIGTERM came (a launcher ending the job): what fails after it is the teardown's."""
+    return _state.get("first") is not None
+
+
 def _since_first() -> float:
     """Seconds since the first SIGTERM was seen (0 now, for the first)."""
     with _lock:
