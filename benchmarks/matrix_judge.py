@@ -83,7 +83,8 @@ def from_divergence(div: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     names another)."""
     if not div or not div.get("deviants"):
         return None
-    kind = div.get("kind") if div.get("kind") in ("p2p-stall", "p2p-cycle", "rank-failed") else "collective-mismatch"
+    kinds = ("p2p-stall", "p2p-cycle", "rank-failed", "unresponsive-process")
+    kind = div.get("kind") if div.get("kind") in kinds else "collective-mismatch"
     return {"kind": kind, "culprits": sorted(set(int(r) for r in div["deviants"])),
             "summary": div.get("summary", "")}
 

@@ -116,6 +116,8 @@ class Node:
         self._undecided: Dict[Tuple[str, int], float] = {}
         #: when to look for a cross-group wait next while quiet, and the gap after that
         self._cross_at, self._cross_gap = 0.0, FIRST_CROSS_GAP
+        #: this process's host (its publications say it): members on it can be looked up in /proc
+        self.host: Optional[str] = None
 
     def key(self, rank: int) -> str:
         return f"{PREFIX}r{rank}"
@@ -254,16 +256,19 @@ class Node:
 
     def _cross_group(self, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]], now: float,
                      final: bool) -> Optional[Verdict]:
-        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`), or a receive
-        that cannot end (:mod:`hangdoc.runtime.detect_p2p`), once it has stood for PERSIST seconds
-        (at once on the way out)."""
-        from hangdoc.runtime import detect_groups, detect_p2p
+        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`), a receive
+        that cannot end (:mod:`hangdoc.runtime.detect_p2p`), or a member the others wait for whose
+        process is dead or stopped (:mod:`hangdoc.runtime.detect_gone`), once it has stood for
+        PERSIST seconds (at once on the way out)."""
+        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p
 
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
         v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)
         if v is None:
             v = detect_p2p.p2p_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"))
+        if v is None and self.host:
+            v = detect_gone.gone_member(self.rank, mine, pub_of, self.ranks_of, self.host, final=final)
         if v is None:
             self._cross_at = now + self._cross_gap
             self._cross_gap = min(detect_groups.LAST_GAP, 2 * self._cross_gap)
@@ -324,6 +329,8 @@ class Detector:
         self._thread: Optional[threading.Thread] = None
         self._errors = 0
         self._tick_lock = threading.Lock()
+        #: set on the way out (exit, exception, SIGTERM): publications say ``end``
+        self._ending = False
 
     def start(self) -> "Detector":
         from hangdoc.runtime import recorder
@@ -389,11 +396,19 @@ class Detector:
             return False
         if self.node is None:
             groups = self.digests.groups
-            self.node = Node(self._ident().rank, _StoreOps(), lambda name: groups[name].ranks if name in groups else ())
+            ident = self._ident()
+            self.node = Node(ident.rank, _StoreOps(), lambda name: groups[name].ranks if name in groups else ())
+            self.node.host = ident.host
         return exchange.connected()
 
     def _make(self, quiet: bool, focus: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
-        return snapshot(self.digests, self.node.rank if self.node else 0, self._describe, quiet, focus)
+        out = snapshot(self.digests, self.node.rank if self.node else 0, self._describe, quiet, focus)
+        # who publishes (hangdoc.runtime.detect_gone looks a member on its own host up in /proc), and
+        # whether this is its last word on its way out through Python (then its end is no mystery)
+        out["host"], out["pid"] = self.node.host if self.node else None, os.getpid()
+        if self._ending:
+            out["end"] = True
+        return out
 
     def _describe(self, rec: tuple) -> Tuple[str, str]:
         return _describe(rec, self._describe_cache)
@@ -418,6 +433,7 @@ class Detector:
         # exit for long.
         if self.verdict is not None or not self.digests.total():
             return
+        self._ending = True
 
         def last() -> None:
             end = time.monotonic() + FINAL_WAIT - 0.2

@@ -344,6 +344,10 @@ def first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[Tuple[int
     return first_bad, last_good == first_bad - 1, last_good
 
 
+#: the kinds of finding (docs/findings) a detector verdict may have
+KINDS = ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed", "unresponsive-process")
+
+
 class Verdict:
     """One divergence: who, where, and both sides' collectives."""
 
@@ -359,8 +363,8 @@ class Verdict:
         self.sides: Optional[Dict[str, List[int]]] = None
         #: the summary, where the rule that made the verdict wrote its own (hangdoc.runtime.detect_groups)
         self.text: Optional[str] = None
-        #: the finding's kind (docs/findings): a point-to-point rule's are p2p-stall and p2p-cycle, a
-        #: rank that raised is rank-failed (hangdoc.runtime.detect_failed)
+        #: the finding's kind (one of KINDS): a point-to-point rule's are p2p-stall and p2p-cycle, a
+        #: rank that raised or died is rank-failed, a stopped one unresponsive-process
         self.kind = "collective-mismatch"
         #: with kind p2p-stall: the rank whose message the deviant should receive
         self.expected_peer: Optional[int] = None
@@ -403,9 +407,9 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis in ("groups", "p2p", "raised") and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p", "raised", "process") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
-        if d.get("kind") in ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed"):
+        if d.get("kind") in KINDS:
             v.kind = d["kind"]
         if type(d.get("expected_peer")) is int:
             v.expected_peer = d["expected_peer"]

@@ -1,0 +1,89 @@
+"""A member the others wait for whose process is dead or stopped, seen from a rank on its node.
+
+Every publication carries its process's ``host`` and ``pid``, and the last one a rank writes on its
+way out through Python (a normal exit, an exception, its launcher's SIGTERM) says ``end``. A quiet
+rank waiting in call #n of a group reads a few members; one that has not issued that call and runs
+on the same host is looked up in ``/proc``:
+
+* gone (or a zombie) with no ``end`` in its last publication: it was killed (SIGKILL, the OOM
+  killer) or aborted in native code: ``rank-failed``;
+* stopped (``T``: SIGSTOP, a debugger, a suspended job step): ``unresponsive-process``.
+
+Ranks on other hosts are not looked up (their pids mean nothing here); a rank of theirs on the dead
+rank's host does it. A pid the kernel gave to another process since reads as alive: nothing is
+said, never a wrong rank.
+
+    >>> import os
+    >>> pub = lambda n, **kw: {"quiet": True, "last": "default_pg", "g": {"default_pg": {"n": n}}, **kw}
+    >>> me = pub(5, host="h", pid=os.getpid())
+    >>> dead = pub(4, host="h", pid=2 ** 22 + 12345, quiet=False)   # no such pid
+    >>> v = gone_member(0, me, {0: me, 1: dead}.get, lambda g: (0, 1), "h", lambda pid: None)
+    >>> v.kind, v.deviants
+    ('rank-failed', [1])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from hangdoc.runtime.detect_digest import Verdict, entry_at, partners
+from hangdoc.runtime.detect_groups import hypercube
+
+
+def proc_state(pid: int) -> Optional[str]:
+    """The process's state letter from ``/proc/PID/stat`` (``R``, ``S``, ``T``, ``Z``, ...); None
+    when there is no such process."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            data = f.read(4096)
+    except (OSError, ValueError):
+        return None
+    rest = data.rsplit(b")", 1)[-1].split()
+    return rest[0].decode("ascii", "replace") if rest else None
+
+
+def _count(pub: Dict[str, Any], group: str) -> int:
+    try:
+        return int((pub.get("g") or {}).get(group, {}).get("n", 0))
+    except (TypeError, ValueError, AttributeError):
+        return 0
+
+
+def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
+                ranks_of: Callable[[str], Sequence[int]], host: str,
+                state_of: Callable[[int], Optional[str]] = proc_state, final: bool = False) -> Optional[Verdict]:
+    """The dead or stopped member of this quiet rank's group that has not issued the call this rank
+    waits in (see the module), as a verdict; None if there is none on this host."""
+    from hangdoc.ranges import describe_ranks
+
+    group = mine.get("last")
+    if not mine.get("quiet") or not isinstance(group, str):
+        return None
+    n = _count(mine, group)
+    members = list(ranks_of(group))
+    if not n or me not in members:
+        return None
+    read = hypercube(me, members)
+    if final:
+        read += [r for r in partners(me, members, extra=8) if r not in read]
+    for q in read:
+        pq = pub_of(q)
+        if not pq or _count(pq, group) >= n or pq.get("host") != host or type(pq.get("pid")) is not int:
+            continue
+        state = state_of(pq["pid"])
+        call = entry_at((mine.get("g") or {}).get(group) or {}, n - 1)
+        waits = f"{call[1]} at {call[2]}" if call else f"collective #{n - 1}"
+        if state in (None, "Z", "X") and not pq.get("end"):
+            kind, what = "rank-failed", (f"its process (pid {pq['pid']} on {host}) is gone without a word: killed "
+                                         f"(SIGKILL, the OOM killer) or aborted in native code")
+        elif state in ("T", "t"):
+            kind, what = "unresponsive-process", (f"its process (pid {pq['pid']} on {host}) is stopped (SIGSTOP, a "
+                                                  f"debugger, a suspended job step)")
+        else:
+            continue
+        v = Verdict(group, n - 1, True, [q], [me], None, call, "process")
+        v.kind = kind
+        v.text = (f"{describe_ranks([q])} has not issued {waits} (#{n - 1} of {group}) that rank {me} waits in: "
+                  f"{what}")
+        return v
+    return None
