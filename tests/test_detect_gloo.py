@@ -102,6 +102,22 @@ RAISES = textwrap.dedent('''\
                 raise ValueError("loss is nan")
     ''')
 
+# Rank 1 stops itself (SIGSTOP) before its 21st all_reduce. (Killed instead, it is torn down with
+# the job by torchrun, 0.1 s after, before the others went quiet: examples/bugs/dead_rank.py, run by
+# the bug matrix under a 0.5 s monitor interval, and tests/test_detect_gone.py cover that rule.)
+STOPS = textwrap.dedent('''\
+    import os, signal, sys, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(32)
+    for step in range(30):
+        if step == 20:
+            print("DIVERGE_AT", time.time(), flush=True)
+            if rank == 1:
+                os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+        dist.all_reduce(t)
+    ''')
+
 # A correct program: several groups, p2p, async ops, object collectives, ranks that pause.
 CORRECT = textwrap.dedent('''\
     import time, torch, torch.distributed as dist
@@ -178,19 +194,19 @@ ABORT = textwrap.dedent('''\
     ''')
 
 
-def _start(tmp_path, script: str, nproc: int, *opts: str):
+def _start(tmp_path, script: str, nproc: int, *opts: str, script_args=()):
     path = tmp_path / "train.py"
     path.write_text(script)
     out = tmp_path / "out"
-    cmd = torchrun_cmd(nproc, "-m", "hangdoc", "--detect", *opts, "--out", str(out), str(path))
+    cmd = torchrun_cmd(nproc, "-m", "hangdoc", "--detect", *opts, "--out", str(out), str(path), *script_args)
     proc = spawn(cmd, cwd=str(tmp_path), stdout=open(tmp_path / "stdout.txt", "w"), stderr=open(tmp_path / "stderr.txt", "w"))
     return proc, out
 
 
-def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "", limit: float = 45.0):
+def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "", limit: float = 45.0, script_args=()):
     """Run until divergence.json (and then ``then``) appears (or ``limit``), then kill the job;
     returns (verdict, seconds from the divergent call to the verdict, stdout, stderr)."""
-    proc, out = _start(tmp_path, script, nproc, *opts)
+    proc, out = _start(tmp_path, script, nproc, *opts, script_args=script_args)
     verdict = None
     try:
         deadline = time.monotonic() + limit
@@ -287,6 +303,16 @@ def test_a_rank_that_raised_is_named_with_its_exception(tmp_path):
                             "#20 of default_pg, all_reduce([32] float32) at train.py:7: the other ranks wait for it at "
                             "their next collective"), v["summary"]
     assert latency <= 5.0
+    _said(err, v)
+
+
+def test_a_stopped_rank_is_named_by_a_rank_on_its_host(tmp_path):
+    v, latency, _out, err = _wait_verdict(tmp_path, STOPS, 3, script_args=("SIGSTOP",))
+    assert (v["kind"], v["deviants"], v["basis"]) == ("unresponsive-process", [1], "process"), v
+    assert v["summary"].startswith("rank 1 has not issued all_reduce([32] float32) at train.py:10 (#20 of default_pg) "
+                                   "that rank "), v["summary"]
+    assert "is stopped (SIGSTOP, a debugger, a suspended job step)" in v["summary"]
+    assert latency <= 10.0
     _said(err, v)
 
 

@@ -9,9 +9,11 @@ on the same host is looked up in ``/proc``:
   killer) or aborted in native code: ``rank-failed``;
 * stopped (``T``: SIGSTOP, a debugger, a suspended job step): ``unresponsive-process``.
 
-Ranks on other hosts are not looked up (their pids mean nothing here); a rank of theirs on the dead
-rank's host does it. A pid the kernel gave to another process since reads as alive: nothing is
-said, never a wrong rank.
+A member that never published (a rank stopped within its first second) is found among this
+process's siblings, the launcher's other children, by the ``RANK`` in their environment
+(:mod:`hangdoc.runtime.siblings` does the same for the stall report). Ranks on other hosts are not
+looked up (their pids mean nothing here); a rank of theirs on the dead rank's host does it. A pid
+the kernel gave to another process since reads as alive: nothing is said, never a wrong rank.
 
     >>> import os
     >>> pub = lambda n, **kw: {"quiet": True, "last": "default_pg", "g": {"default_pg": {"n": n}}, **kw}
@@ -20,6 +22,9 @@ said, never a wrong rank.
     >>> v = gone_member(0, me, {0: me, 1: dead}.get, lambda g: (0, 1), "h", lambda pid: None)
     >>> v.kind, v.deviants
     ('rank-failed', [1])
+    >>> v = gone_member(0, me, {0: me}.get, lambda g: (0, 1), "h", lambda pid: "T", siblings=lambda: {1: 4242})
+    >>> v.kind, v.deviants   # it never published: found among this process's siblings
+    ('unresponsive-process', [1])
 """
 
 from __future__ import annotations
@@ -42,6 +47,27 @@ def proc_state(pid: int) -> Optional[str]:
     return rest[0].decode("ascii", "replace") if rest else None
 
 
+def sibling_pids() -> Dict[int, int]:
+    """rank -> pid of this process's siblings (the launcher's children of this user) that carry a
+    ``RANK`` in their environment."""
+    import os
+
+    from hangdoc.collect import describe
+    from hangdoc.proctree import parent_map
+
+    out: Dict[int, int] = {}
+    if not os.path.isdir("/proc"):
+        return out
+    for pid in sorted(parent_map().get(os.getppid(), []))[:4096]:
+        info = describe(pid) if pid != os.getpid() else None
+        if info is None or info.uid != os.getuid():
+            continue
+        rank = info.environ.get("RANK", "")
+        if rank.isdigit() and len(rank) <= 9:
+            out.setdefault(int(rank), pid)
+    return out
+
+
 def _count(pub: Dict[str, Any], group: str) -> int:
     try:
         return int((pub.get("g") or {}).get(group, {}).get("n", 0))
@@ -51,7 +77,8 @@ def _count(pub: Dict[str, Any], group: str) -> int:
 
 def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
                 ranks_of: Callable[[str], Sequence[int]], host: str,
-                state_of: Callable[[int], Optional[str]] = proc_state, final: bool = False) -> Optional[Verdict]:
+                state_of: Callable[[int], Optional[str]] = proc_state, final: bool = False,
+                siblings: Callable[[], Dict[int, int]] = sibling_pids) -> Optional[Verdict]:
     """The dead or stopped member of this quiet rank's group that has not issued the call this rank
     waits in (see the module), as a verdict; None if there is none on this host."""
     from hangdoc.ranges import describe_ranks
@@ -66,18 +93,29 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
     read = hypercube(me, members)
     if final:
         read += [r for r in partners(me, members, extra=8) if r not in read]
+    found: Optional[Dict[int, int]] = None
     for q in read:
         pq = pub_of(q)
-        if not pq or _count(pq, group) >= n or pq.get("host") != host or type(pq.get("pid")) is not int:
+        if pq is not None and _count(pq, group) >= n:
             continue
-        state = state_of(pq["pid"])
+        if pq is not None and type(pq.get("pid")) is int:
+            if pq.get("host") != host:
+                continue
+            pid, said_end = pq["pid"], bool(pq.get("end"))
+        else:  # it never published: a sibling of this process, if on this host
+            if found is None:
+                found = siblings()
+            if q not in found:
+                continue
+            pid, said_end = found[q], True  # (not found dead: only a live sibling is found at all)
+        state = state_of(pid)
         call = entry_at((mine.get("g") or {}).get(group) or {}, n - 1)
         waits = f"{call[1]} at {call[2]}" if call else f"collective #{n - 1}"
-        if state in (None, "Z", "X") and not pq.get("end"):
-            kind, what = "rank-failed", (f"its process (pid {pq['pid']} on {host}) is gone without a word: killed "
+        if state in (None, "Z", "X") and not said_end:
+            kind, what = "rank-failed", (f"its process (pid {pid} on {host}) is gone without a word: killed "
                                          f"(SIGKILL, the OOM killer) or aborted in native code")
         elif state in ("T", "t"):
-            kind, what = "unresponsive-process", (f"its process (pid {pq['pid']} on {host}) is stopped (SIGSTOP, a "
+            kind, what = "unresponsive-process", (f"its process (pid {pid} on {host}) is stopped (SIGSTOP, a "
                                                   f"debugger, a suspended job step)")
         else:
             continue
