@@ -106,7 +106,7 @@ RAISES = textwrap.dedent('''\
 # the job by torchrun, 0.1 s after, before the others went quiet: examples/bugs/dead_rank.py, run by
 # the bug matrix under a 0.5 s monitor interval, and tests/test_detect_gone.py cover that rule.)
 STOPS = textwrap.dedent('''\
-    import os, signal, sys, time, torch, torch.distributed as dist
+    import os, signal, time, torch, torch.distributed as dist
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     t = torch.ones(32)
@@ -114,7 +114,7 @@ STOPS = textwrap.dedent('''\
         if step == 20:
             print("DIVERGE_AT", time.time(), flush=True)
             if rank == 1:
-                os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+                os.kill(os.getpid(), signal.SIGSTOP)
         dist.all_reduce(t)
     ''')
 
@@ -194,19 +194,19 @@ ABORT = textwrap.dedent('''\
     ''')
 
 
-def _start(tmp_path, script: str, nproc: int, *opts: str, script_args=()):
+def _start(tmp_path, script: str, nproc: int, *opts: str):
     path = tmp_path / "train.py"
     path.write_text(script)
     out = tmp_path / "out"
-    cmd = torchrun_cmd(nproc, "-m", "hangdoc", "--detect", *opts, "--out", str(out), str(path), *script_args)
+    cmd = torchrun_cmd(nproc, "-m", "hangdoc", "--detect", *opts, "--out", str(out), str(path))
     proc = spawn(cmd, cwd=str(tmp_path), stdout=open(tmp_path / "stdout.txt", "w"), stderr=open(tmp_path / "stderr.txt", "w"))
     return proc, out
 
 
-def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "", limit: float = 45.0, script_args=()):
+def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "", limit: float = 45.0):
     """Run until divergence.json (and then ``then``) appears (or ``limit``), then kill the job;
     returns (verdict, seconds from the divergent call to the verdict, stdout, stderr)."""
-    proc, out = _start(tmp_path, script, nproc, *opts, script_args=script_args)
+    proc, out = _start(tmp_path, script, nproc, *opts)
     verdict = None
     try:
         deadline = time.monotonic() + limit
@@ -307,7 +307,7 @@ def test_a_rank_that_raised_is_named_with_its_exception(tmp_path):
 
 
 def test_a_stopped_rank_is_named_by_a_rank_on_its_host(tmp_path):
-    v, latency, _out, err = _wait_verdict(tmp_path, STOPS, 3, script_args=("SIGSTOP",))
+    v, latency, _out, err = _wait_verdict(tmp_path, STOPS, 3)
     assert (v["kind"], v["deviants"], v["basis"]) == ("unresponsive-process", [1], "process"), v
     assert v["summary"].startswith("rank 1 has not issued all_reduce([32] float32) at train.py:10 (#20 of default_pg) "
                                    "that rank "), v["summary"]
