@@ -241,10 +241,11 @@ class Node:
                 pubs = {q: c["g"][name] for q, c in cache.items()
                         if q in members and c is not None and name in c.get("g", {})}
                 knowers = sum(1 for q in pubs.values() if diff[0] in known_digests(q))
-                if knowers < min(3, len(ranks)) or knowers < len(pubs):
+                read = sum(1 for q in cache if q in members)
+                if knowers < min(3, len(ranks)) or knowers < read:
                     # two opinions where a third may come, or members read that have not published
-                    # that call yet (another deviant among them is named only once it has): wait
-                    # for them, a little
+                    # that call yet, or nothing yet (another deviant among them is named only once
+                    # it has): wait for them, a little
                     since = self._undecided.setdefault((name, diff[0]), now)
                     if now - since < UNDECIDED_WAIT:
                         continue
