@@ -347,6 +347,8 @@ def _run_rank(req: Dict, fds: List[int]) -> None:
     arguments, then run ``python -m pytest`` as the cold command would."""
     import runpy
 
+    if len(fds) < 2:  # a request without its output file and pipe: nothing to run it with
+        os._exit(70)
     os.setsid()
     out, control = fds[0], fds[1]
     null = os.open(os.devnull, os.O_RDONLY)
