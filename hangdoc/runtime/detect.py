@@ -472,7 +472,9 @@ class Detector:
         """The script raised out of its main function: the others will wait for this rank at its
         next collective, so this is the verdict (``rank-failed``), reported at once. Not when the
         exception came out of a torch.distributed call: that is how a rank learns that another one
-        failed (gloo's ``Connection closed by peer``), a consequence, not the cause."""
+        failed (gloo's ``Connection closed by peer``), a consequence, not the cause. Reported from a
+        thread of its own, waited for FINAL_WAIT seconds at most: a store that stopped answering
+        (or the detector's thread holding the lock in a store call) cannot hold the exit up."""
         from hangdoc.runtime import detect_failed
 
         if self.verdict is not None:
@@ -480,20 +482,31 @@ class Detector:
         try:
             ident = self._ident()
             v = detect_failed.verdict(e, ident.rank, self.digests, self._describe)
-            if v is None:
-                return
-            with self._tick_lock:
-                if self.verdict is not None:
-                    return
-                mine = False
-                if self._ready() and self.node is not None:
-                    v = self.node.claim(v, time.monotonic())
-                    mine = self.node.claimed
-                else:
-                    v.reporter, mine = ident.rank, True
-                self._act(v, mine=mine)
         except Exception as err:  # the detector must never take the job down
             self._say(f"hangdoc detect: {type(err).__name__}: {err}")
+            return
+        if v is None:
+            return
+
+        def report() -> None:
+            try:
+                with self._tick_lock:
+                    if self.verdict is not None:
+                        return
+                    mine = True
+                    if self._ready() and self.node is not None:
+                        found = self.node.claim(v, time.monotonic())
+                        mine = self.node.claimed
+                    else:
+                        found = v
+                        found.reporter = ident.rank
+                    self._act(found, mine=mine)
+            except Exception as err:  # the detector must never take the job down
+                self._say(f"hangdoc detect: {type(err).__name__}: {err}")
+
+        t = threading.Thread(target=report, name="hangdoc-detect-raised", daemon=True)
+        t.start()
+        t.join(FINAL_WAIT)
 
     def _dump(self, v: Verdict) -> None:
         """Every rank writes its stacks and records; the watchdog's exchange makes the report."""
