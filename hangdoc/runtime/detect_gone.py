@@ -32,47 +32,26 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from hangdoc.runtime.detect_digest import Verdict, entry_at, partners
+from hangdoc.runtime.detect_groups import count as _count
 from hangdoc.runtime.detect_groups import hypercube
 
 
 def proc_state(pid: int) -> Optional[str]:
-    """The process's state letter from ``/proc/PID/stat`` (``R``, ``S``, ``T``, ``Z``, ...); None
-    when there is no such process."""
+    """The process's state letter (``R``, ``S``, ``T``, ``Z``, ...; :func:`hangdoc.proctree.stat`);
+    None when there is no such process."""
+    from hangdoc.proctree import stat
+
     try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            data = f.read(4096)
+        return stat(int(pid))[0]
     except (OSError, ValueError):
         return None
-    rest = data.rsplit(b")", 1)[-1].split()
-    return rest[0].decode("ascii", "replace") if rest else None
 
 
 def sibling_pids() -> Dict[int, int]:
-    """rank -> pid of this process's siblings (the launcher's children of this user) that carry a
-    ``RANK`` in their environment."""
-    import os
+    """rank -> pid of this process's siblings that carry a ``RANK`` (:func:`hangdoc.runtime.siblings.by_rank`)."""
+    from hangdoc.runtime.siblings import by_rank
 
-    from hangdoc.collect import describe
-    from hangdoc.proctree import parent_map
-
-    out: Dict[int, int] = {}
-    if not os.path.isdir("/proc"):
-        return out
-    for pid in sorted(parent_map().get(os.getppid(), []))[:4096]:
-        info = describe(pid) if pid != os.getpid() else None
-        if info is None or info.uid != os.getuid():
-            continue
-        rank = info.environ.get("RANK", "")
-        if rank.isdigit() and len(rank) <= 9:
-            out.setdefault(int(rank), pid)
-    return out
-
-
-def _count(pub: Dict[str, Any], group: str) -> int:
-    try:
-        return int((pub.get("g") or {}).get(group, {}).get("n", 0))
-    except (TypeError, ValueError, AttributeError):
-        return 0
+    return {rank: pid for rank, (pid, _info) in by_rank().items()}
 
 
 def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],

@@ -41,7 +41,8 @@ FIRST_GAP, LAST_GAP = 1.0, 30.0
 PERSIST = 2.0
 
 
-def _count(pub: Dict[str, Any], group: str) -> int:
+def count(pub: Dict[str, Any], group: str) -> int:
+    """How many calls a publication says its rank issued in ``group``."""
     try:
         return int((pub.get("g") or {}).get(group, {}).get("n", 0))
     except (TypeError, ValueError, AttributeError):
@@ -62,7 +63,7 @@ def cross_group_wait(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Opti
     g_name = mine.get("last")
     if not mine.get("quiet") or not isinstance(g_name, str):
         return None
-    n = _count(mine, g_name)
+    n = count(mine, g_name)
     g_ranks = list(_members(mine, g_name, ranks_of(g_name)))
     if not n or me not in g_ranks:
         return None
@@ -71,10 +72,10 @@ def cross_group_wait(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Opti
         if not other or not other.get("quiet"):
             continue
         h_name = other.get("last")
-        if not isinstance(h_name, str) or h_name == g_name or _count(other, g_name) >= n:
+        if not isinstance(h_name, str) or h_name == g_name or count(other, g_name) >= n:
             continue
-        m = _count(other, h_name)
-        if me not in _members(other, h_name, ranks_of(h_name)) or _count(mine, h_name) >= m:
+        m = count(other, h_name)
+        if me not in _members(other, h_name, ranks_of(h_name)) or count(mine, h_name) >= m:
             continue
         return _verdict(me, mine, q, other, g_name, h_name, pub_of, ranks_of)
     return None
@@ -124,9 +125,9 @@ def _verdict(me: int, mine: Dict[str, Any], q: int, other: Dict[str, Any], g_nam
 
     def last_entry(pub: Dict[str, Any], group: str) -> Optional[List[Any]]:
         gp = (pub.get("g") or {}).get(group) or {}
-        return entry_at(gp, _count(pub, group) - 1)
+        return entry_at(gp, count(pub, group) - 1)
 
-    v = Verdict(agree_group, _count(agree_pub, agree_group) - 1, True, deviants, agreeing,
+    v = Verdict(agree_group, count(agree_pub, agree_group) - 1, True, deviants, agreeing,
                 last_entry(dev_pub, dev_group), last_entry(agree_pub, agree_group), "groups")
     v.other_group = dev_group
     if not agreeing:  # as large: the summary names each side with its call

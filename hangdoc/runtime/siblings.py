@@ -10,7 +10,7 @@ launcher's children of this user are looked at.
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 #: /proc/PID/stat states that explain a rank's silence
 STATES = {"T": "stopped (SIGSTOP, or a debugger: state T)", "t": "stopped by a debugger (state t)",
@@ -20,27 +20,42 @@ STATES = {"T": "stopped (SIGSTOP, or a debugger: state T)", "t": "stopped by a d
 def unanswered(missing: Iterable[int], host: Optional[str]) -> List[object]:
     """:class:`~hangdoc.model.Process` entries for the missing ranks found among this process's
     siblings in a state that explains their silence."""
-    from hangdoc.collect import describe, undumpable_block
+    from hangdoc.collect import undumpable_block
     from hangdoc.model import STATUS_STOPPED, STATUS_UNRESPONSIVE, Process
-    from hangdoc.proctree import parent_map
 
     wanted = set(missing)
     if not wanted or not os.path.isdir("/proc"):
         return []
     found = {}
-    for pid in sorted(parent_map().get(os.getppid(), []))[:4096]:
-        info = describe(pid) if pid != os.getpid() else None
-        if info is None or info.uid != os.getuid() or info.state not in STATES:
-            continue
-        rank = info.environ.get("RANK", "")
-        if not (rank.isdigit() and len(rank) <= 9) or int(rank) not in wanted or int(rank) in found:
+    for rank, (pid, info) in sorted(by_rank().items()):
+        if info.state not in STATES or rank not in wanted:
             continue
         status = STATUS_UNRESPONSIVE if info.state == "D" else STATUS_STOPPED
         why = f"posted no dump; its process is {STATES[info.state]}"
-        found[int(rank)] = Process(host=host, pid=pid, rank=int(rank), ppid=info.ppid, status=status,
+        found[rank] = Process(host=host, pid=pid, rank=rank, ppid=info.ppid, status=status,
                                    status_detail=why,
                                    meta={"block": undumpable_block(info, [why], status, host)})
     return [found[r] for r in sorted(found)]
+
+
+def by_rank() -> Dict[int, Tuple[int, Any]]:
+    """rank -> (pid, :func:`hangdoc.collect.describe` of it) for this process's siblings (the
+    launcher's children of this user) that carry a ``RANK`` in their environment; the first such
+    process of a rank."""
+    from hangdoc.collect import describe
+    from hangdoc.proctree import parent_map
+
+    out: Dict[int, Tuple[int, Any]] = {}
+    if not os.path.isdir("/proc"):
+        return out
+    for pid in sorted(parent_map().get(os.getppid(), []))[:4096]:
+        info = describe(pid) if pid != os.getpid() else None
+        if info is None or info.uid != os.getuid():
+            continue
+        rank = info.environ.get("RANK", "")
+        if rank.isdigit() and len(rank) <= 9:
+            out.setdefault(int(rank), (pid, info))
+    return out
 
 
 def write_status(out_dir: str, processes: List[object]) -> None:
