@@ -45,8 +45,10 @@ def from_a_collective(e: BaseException) -> bool:
 
 
 def _message(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    text = "".join(c if c.isprintable() else "?" for c in text)
+    """The message on one line, control characters shown as escapes (:func:`hangdoc.textsafe.visible`), bounded."""
+    from hangdoc.textsafe import visible
+
+    text = visible(" ".join(str(e).split()))
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
