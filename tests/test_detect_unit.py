@@ -118,6 +118,67 @@ def test_two_ranks_tie_break_as_sequence_does():
                                 "vs broadcast[(8,)] at train.py:31")
 
 
+def creation_pub(rank: int, members: Sequence[Tuple[int, ...]], world: int) -> Dict:
+    """What ``rank`` publishes of its ``new_group`` calls (the recorder's CREATION_GROUP sequence)."""
+    from hangdoc.runtime.recorder import CREATION_GROUP
+
+    dg = detect.Digests()
+    for i, m in enumerate(members):
+        rec = (i, "new_group", (CREATION_GROUP, tuple(range(world))), (m,), (), None, None, False, 30 + len(m))
+        dg.hook(CREATION_GROUP, "new_group", (m,), (), None, rec)
+    pub = detect.snapshot(dg, rank, lambda rec: (f"new_group({list(rec[3][0])})", f"train.py:{rec[8]}"), quiet=True)
+    return json.loads(json.dumps(pub))["g"][CREATION_GROUP]
+
+
+def test_a_skipped_new_group_names_the_ranks_without_it_whatever_the_count():
+    """``if rank in S: new_group(S)``: the ranks that skipped it are named, tied or outnumbered
+    (every rank must call new_group for every group), and groups created in two orders stay a tie."""
+    world = tuple(range(4))
+    for makers in ((0, 1), (2, 3), (1,), (0, 1, 3)):
+        pubs = {r: creation_pub(r, ([(0, 1)] if r in makers else []) + [world], 4) for r in world}
+        v = detect.decide("new_group", pubs, 0, True)
+        skipped = [r for r in world if r not in makers]
+        if len(makers) == 2:
+            assert (v.deviants, v.basis) == (skipped, "skipped-creation"), v.summary
+            assert v.summary.startswith(f"ranks {skipped[0]}-{skipped[1]} skipped new_group([0, 1]) at train.py:32, "
+                                        f"which ranks {makers[0]}-{makers[1]} called (group creation #0)"), v.summary
+        else:  # not a tie: the majority (as for any call); the aggregate weighs the contract
+            assert v.basis == "majority"
+    pubs = {r: creation_pub(r, [(0, 1), (2, 3)] if r < 2 else [(2, 3), (0, 1)], 4) for r in world}
+    assert detect.decide("new_group", pubs, 0, True).basis == "tie"
+    # the same tie in a group of collectives is not judged by new_group's contract
+    a = rank_pub(0, [2, 0], (0, 1), sites=[31, 30])
+    b = rank_pub(1, [0], (0, 1), sites=[30])
+    assert detect.decide("default_pg", {0: a, 1: b}, 0, True).basis != "skipped-creation"
+
+
+def test_rotating_reads_reach_across_pairs_with_one_read_a_look():
+    for n in (2, 3, 4, 5, 8, 12, 1000):
+        ranks = list(range(10, 10 + n))
+        looks = max(1, (n - 1).bit_length())
+        edges = {(r, p) for r in ranks for t in range(looks) for p in detect.rotating(r, ranks, t)}
+        assert all(len(detect.rotating(r, ranks, t)) == 1 for r in ranks for t in range(2 * looks))
+        assert all(r != p for r, p in edges)
+        seen, todo = {ranks[0]}, [ranks[0]]  # connected: any split of the ranks has an edge across
+        while todo:
+            r = todo.pop()
+            for a, b in edges:
+                for x, y in ((a, b), (b, a)):
+                    if x == r and y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+        assert seen == set(ranks), n
+
+
+def test_two_pairs_that_diverged_together_are_found():
+    # ranks 2 and 3 of 4 (a pair) change the same call: the pair partners agree, a rotating read finds it
+    found, _nodes, _store = _simulate(4, 10, deviant=(2, 3), at=105)
+    assert found
+    v = found[0][2]
+    assert (v.deviants, v.agreeing, v.index) == ([2, 3], [0, 1], 105), v.summary
+    assert v.basis in ("tie", "pattern")
+
+
 def test_partners_cover_every_rank_with_constant_reads():
     for n in (2, 3, 5, 8, 1024):
         ranks = list(range(100, 100 + n))

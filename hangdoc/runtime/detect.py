@@ -43,7 +43,7 @@ from hangdoc.runtime.detect_groups import FIRST_GAP as FIRST_CROSS_GAP
 # the digests, publications and their comparison (pure); re-exported here, where they always were
 from hangdoc.runtime.detect_digest import (  # noqa: F401
     CHECKPOINT, CHECKPOINTS, RING, SHAPELESS, WINDOW, Digests, Verdict, _describe, combine, decide, digest_of,
-    entry_at, first_difference, known_digests, partners, sig_hash, snapshot,
+    entry_at, first_difference, known_digests, partners, rotating, sig_hash, snapshot,
 )
 
 __all__ = ["start", "stop", "get", "DivergenceError", "Detector", "Verdict", "POLICIES", "digest_of", "snapshot",
@@ -114,6 +114,8 @@ class Node:
         self.claimed = False
         self.writes = self.reads = 0
         self._undecided: Dict[Tuple[str, int], float] = {}
+        #: looks at the partners so far (whom a look reads rotates: detect_digest.rotating)
+        self._turn = 0
         #: when to look for a cross-group wait next while quiet, and the gap after that
         self._cross_at, self._cross_gap = 0.0, FIRST_CROSS_GAP
         #: this process's host (its publications say it): members on it can be looked up in /proc
@@ -224,9 +226,10 @@ class Node:
                 cache[r] = self.read(r)
             return cache[r]
 
+        self._turn += 1
         for name, g in sorted(mine["g"].items(), key=lambda kv: (kv[0] != "default_pg", kv[0])):
             ranks = list(self.ranks_of(name))
-            base = partners(self.rank, ranks, extra=OPINIONS if final else 0)
+            base = partners(self.rank, ranks, extra=OPINIONS) if final else rotating(self.rank, ranks, self._turn)
             for p in base:
                 other = pub_of(p)
                 og = (other or {}).get("g", {}).get(name)
@@ -235,7 +238,7 @@ class Node:
                 diff = first_difference(g, og)
                 if diff is None:
                     continue
-                for q in partners(self.rank, ranks, extra=max(OPINIONS, NAME_ALL))[len(base):]:
+                for q in partners(self.rank, ranks, extra=max(OPINIONS, NAME_ALL)):
                     pub_of(q)
                 members = set(ranks)
                 pubs = {q: c["g"][name] for q, c in cache.items()
@@ -261,7 +264,7 @@ class Node:
         that cannot end (:mod:`hangdoc.runtime.detect_p2p`), or a member the others wait for whose
         process is dead or stopped (:mod:`hangdoc.runtime.detect_gone`), once it has stood for
         PERSIST seconds (at once on the way out)."""
-        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p
+        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p, detect_pattern
 
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
@@ -270,6 +273,8 @@ class Node:
             v = detect_p2p.p2p_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"))
         if v is None and self.host:
             v = detect_gone.gone_member(self.rank, mine, pub_of, self.ranks_of, self.host, final=final)
+        if v is None:
+            v = detect_pattern.broken_loop_in_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"), self.ranks_of)
         if v is None:
             self._cross_at = now + self._cross_gap
             self._cross_gap = min(detect_groups.LAST_GAP, 2 * self._cross_gap)
@@ -326,6 +331,8 @@ class Detector:
         self.fired_at: Optional[float] = None
         self.node: Optional[Node] = None
         self._describe_cache: Dict[int, Any] = {}
+        #: (calls issued when it was computed, this rank's loop break) (see _own_break)
+        self._brk: Tuple[int, Optional[Dict[str, Any]]] = (-1, None)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._errors = 0
@@ -398,7 +405,14 @@ class Detector:
         if self.node is None:
             groups = self.digests.groups
             ident = self._ident()
-            self.node = Node(ident.rank, _StoreOps(), lambda name: groups[name].ranks if name in groups else ())
+            world = tuple(range(max(1, min(int(ident.world_size or 1), 1 << 20))))
+
+            def ranks_of(name: str) -> Sequence[int]:
+                # the default group's members are the job's, whether or not this rank used it yet (a
+                # pipeline stage that only sends and receives)
+                return groups[name].ranks if name in groups else (world if name == "default_pg" else ())
+
+            self.node = Node(ident.rank, _StoreOps(), ranks_of)
             self.node.host = ident.host
         return exchange.connected()
 
@@ -407,9 +421,23 @@ class Detector:
         # who publishes (hangdoc.runtime.detect_gone looks a member on its own host up in /proc), and
         # whether this is its last word on its way out through Python (then its end is no mystery)
         out["host"], out["pid"] = self.node.host if self.node else None, os.getpid()
+        if quiet:  # where this rank's own calls broke its loop (hangdoc.runtime.detect_pattern)
+            brk = self._own_break()
+            if brk is not None:
+                out["brk"] = brk
         if self._ending:
             out["end"] = True
         return out
+
+    def _own_break(self) -> Optional[Dict[str, Any]]:
+        from hangdoc.runtime import detect_pattern, recorder
+
+        total = self.digests.total()
+        if self._brk[0] != total:
+            r = recorder.get()
+            records = list(r._buf) if r is not None else []  # one C-level copy: consistent
+            self._brk = (total, detect_pattern.own_break(records, self._describe))
+        return self._brk[1]
 
     def _describe(self, rec: tuple) -> Tuple[str, str]:
         return _describe(rec, self._describe_cache)

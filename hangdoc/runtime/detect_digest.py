@@ -385,6 +385,11 @@ class Verdict:
         where = f"collective #{self.index}" if self.exact else f"collective #{self.index} or earlier"
         s = (f"{describe_ranks(self.deviants)} diverged from {describe_ranks(self.agreeing)} in {self.group} at "
              f"{where}: {side(self.deviant_entry)} vs {side(self.agreeing_entry)}")
+        if self.basis == "skipped-creation" and self.agreeing_entry:
+            return (f"{describe_ranks(self.deviants)} skipped {side(self.agreeing_entry)}, which "
+                    f"{describe_ranks(self.agreeing)} called (group creation #{self.index}); they called "
+                    f"{side(self.deviant_entry)} instead. Every rank must call new_group for every group, "
+                    f"members or not, in the same order")
         if self.basis == "tie":
             s += " (two sides, no majority: the higher rank is named)"
         elif self.basis == "pattern":
@@ -407,7 +412,7 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis in ("groups", "p2p", "raised", "process") and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
         if d.get("kind") in KINDS:
             v.kind = d["kind"]
@@ -452,7 +457,10 @@ def decide(group: str, pubs: Dict[int, Dict[str, Any]], index: int, exact: bool)
 
         cont = [kv for kv in tied if continues(kv)]
         fam = [kv for kv in tied if familiar(kv)]
-        if len(cont) == 1:
+        made = _made_only(group, tied, pubs, index)
+        if made is not None:
+            winner, basis = made, "skipped-creation"
+        elif len(cont) == 1:
             winner, basis = cont[0], "pattern"
         elif len(fam) == 1:
             winner, basis = fam[0], "history"
@@ -462,6 +470,48 @@ def decide(group: str, pubs: Dict[int, Dict[str, Any]], index: int, exact: bool)
     deviants = sorted(r for d, rs in sides.items() if d != winner[0] for r in rs)
     return Verdict(group, index, exact, deviants, agreeing, entry_at(pubs[deviants[0]], index),
                    entry_at(pubs[agreeing[0]], index), basis)
+
+
+def _made_only(group: str, tied: List[Tuple[int, List[int]]], pubs: Dict[int, Dict[str, Any]],
+               index: int) -> Optional[Tuple[int, List[int]]]:
+    """Of tied sides in the ``new_group`` sequence (:data:`hangdoc.runtime.recorder.CREATION_GROUP`),
+    the one whose call at ``index`` no other side makes then or later: every rank must call new_group
+    for every group, members or not, in one order, so the sides without it skipped it
+    (``if rank in (0, 1): new_group([0, 1])``), whatever the count (as
+    :func:`hangdoc.analysis.sequence._skipped_creation` judges records)."""
+    from hangdoc.runtime.recorder import CREATION_GROUP
+
+    if group != CREATION_GROUP:
+        return None
+
+    def later(pub: Dict[str, Any]) -> set:
+        return {e[0] for e in (entry_at(pub, j) for j in range(index, int(pub.get("n", 0)))) if e}
+
+    here = {kv[0]: entry_at(pubs[kv[1][0]], index) for kv in tied}
+    rest = {kv[0]: later(pubs[kv[1][0]]) for kv in tied}
+    found = [kv for kv in tied if here[kv[0]] is not None
+             and not any(here[kv[0]][0] in rest[d] for d in rest if d != kv[0])]
+    return found[0] if len(found) == 1 else None
+
+
+def rotating(me: int, ranks: Sequence[int], turn: int) -> List[int]:
+    """The rank of a group that ``me`` reads at its ``turn``-th look: index ^ 1, ^ 2, ^ 4, ... in
+    turn. The pair partner alone never compared two pairs that diverged together (ranks 0, 1
+    against 2, 3: a branch on ``rank < 2``); the indexes below n with the xor edges form a connected
+    graph (clearing the top bit leads to 0), so two differing sides share an edge and a reader finds
+    it within log2(n) looks, still one read per look.
+
+        >>> [rotating(5, list(range(8)), t) for t in range(4)], rotating(4, list(range(5)), 0)
+        ([[4], [7], [1], [4]], [3])
+    """
+    n = len(ranks)
+    if me not in ranks or n < 2:
+        return []
+    i = ranks.index(me)
+    k = i ^ (1 << (turn % max(1, (n - 1).bit_length())))
+    if k >= n:
+        k = i ^ 1 if (i ^ 1) < n else i - 1
+    return [ranks[k]]
 
 
 def partners(me: int, ranks: Sequence[int], extra: int = 0) -> List[int]:

@@ -1342,6 +1342,8 @@ def _wrap_group_creation(fn: Callable) -> Callable:
         if r is not None:
             try:
                 rec = _group_creation_record(r, args, kwargs, sys._getframe(1))
+            except _PASS_THROUGH:  # the detector's abort policy: before the call, as for collectives
+                raise
             except Exception as e:
                 _report(e)
         try:
@@ -1380,6 +1382,8 @@ def _group_creation_record(r: "Recorder", args: tuple, kwargs: dict, frame: Any)
     seq = r._seq.get(info[0], 0)
     r._seq[info[0]] = seq + 1
     rec = (seq, "new_group", info, (members,), (), None, None, False, site, None, _phase[0], _time(), None, "issued")
+    if _detect is not None:  # hangdoc.runtime.detect: a rank that skipped a new_group diverges here
+        _detect(info[0], "new_group", (members,), (), None, rec)
     r._buf.append(rec)
     return rec
 
