@@ -1,7 +1,8 @@
 """A job that fails before any stall gets an in-job verdict (hangdoc/runtime/exit_verdict.py).
 
 Real torchrun jobs of the bug scenarios, run at once: a rank SIGKILLed (``dead_rank``), gloo
-aborting rank 0 itself on a dtype mismatch (``dtype_mismatch``: the next rank reports), and a
+aborting rank 0 itself on a dtype mismatch (``dtype_mismatch``: the next rank reports), gloo
+aborting the rank that issued an extra all_reduce (``extra_collective``, with ``--detect``), and a
 healthy job stopped whole by SIGTERM, which must get no verdict. The hang timeout is far beyond the
 jobs' life, so no stall verdict can be what is read.
 """
@@ -62,6 +63,10 @@ def test_failing_jobs_get_a_verdict_and_a_job_stopped_whole_gets_none(tmp_path):
         # any publication is due; the ranks' last states go out on their way out (atexit, SIGTERM)
         "dtype": spawn(_job(tmp_path / "dtype", os.path.join(BUGS, "dtype_mismatch.py"), 4, "--detect")),
         "healthy": spawn(_job(tmp_path / "healthy", str(healthy), nproc=2)),
+        # rank 1's extra all_reduce gets it aborted inside the call (gloo's enforce: ``terminate
+        # called``, no Python on its way out): its call was published as it was issued, being of a
+        # signature new to it, so the others' last checks name it (3 ranks: a majority of two)
+        "extra": spawn(_job(tmp_path / "extra", os.path.join(BUGS, "extra_collective.py"), 3, "--detect")),
     }
     try:
         # the healthy job is stopped as scancel or a time limit stops a job: SIGTERM to its launcher
@@ -95,6 +100,13 @@ def test_failing_jobs_get_a_verdict_and_a_job_stopped_whole_gets_none(tmp_path):
         divergence = json.load(f)
     assert divergence["deviants"] == [1] and divergence["index"] == 2, divergence
     assert "hangdoc: DIVERGENCE: rank 1 diverged from " in dtype_log and "all_reduce([1024] float64)" in dtype_log
+
+    extra_log = "".join(outs["extra"])
+    with open(tmp_path / "extra" / "divergence.json") as f:
+        divergence = json.load(f)
+    assert (divergence["deviants"], divergence["agreeing"]) == ([1], [0, 2]), divergence
+    assert divergence["deviant"][1:3] == ["all_reduce([1] float32)", "extra_collective.py:27"], divergence
+    assert "hangdoc: DIVERGENCE: rank 1 diverged from " in extra_log, extra_log[-3000:]
 
     healthy_log = "".join(outs["healthy"])
     assert "hangdoc: DUMP" not in healthy_log and "VERDICT" not in healthy_log, healthy_log[-3000:]

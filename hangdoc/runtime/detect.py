@@ -68,6 +68,10 @@ NAME_ALL = 64
 FOCUS_WAIT = 3.0
 #: the most a process's exit waits for its last publication
 FINAL_WAIT = 2.0
+#: publications at once when a rank issues a collective of a signature it never issued before (the
+#: first iteration's, a new phase's, an extra call's), and how long the call waits for one (s)
+EARLY = 64
+EARLY_WAIT = 0.05
 
 PREFIX = "hangdoc/detect/"
 STATE_KEY = PREFIX + "state"
@@ -196,6 +200,13 @@ class Node:
             if now - self._focus_asked < FOCUS_WAIT:
                 return None
         return self.claim(v, now)
+
+    def publish(self, now: float, total: int, make: Callable[..., Dict[str, Any]]) -> None:
+        """Publish at once, whatever the period (a call with a new signature: see Detector._early)."""
+        mine = make(False, self.focus)
+        self.ops.set(self.key(self.rank), json.dumps(mine, separators=(",", ":")))
+        self.writes += 1
+        self.last_pub, self.pub_total = now, total
 
     def claim(self, v: Verdict, now: float) -> Verdict:
         """Report ``v`` as the job's verdict unless another rank reported one first (then that one)."""
@@ -331,6 +342,10 @@ class Detector:
         self.fired_at: Optional[float] = None
         self.node: Optional[Node] = None
         self._describe_cache: Dict[int, Any] = {}
+        #: publications at a new signature left, the one asked for, and the daemon's wake-up
+        self._early_left = EARLY
+        self._early_req: Optional[threading.Event] = None
+        self._wake = threading.Event()
         #: (calls issued when it was computed, this rank's loop break) (see _own_break)
         self._brk: Tuple[int, Optional[Dict[str, Any]]] = (-1, None)
         self._stop = threading.Event()
@@ -347,6 +362,7 @@ class Detector:
             raise RuntimeError("the collective recorder could not be enabled (no torch.distributed)")
         recorder._PASS_THROUGH = (DivergenceError,)
         recorder._detect = self.digests.hook
+        self.digests.on_new[0] = self._early
         recorder._detect_p2p = self.digests.hook_p2p
         self._thread = threading.Thread(target=self._run, name="hangdoc-detect", daemon=True)
         self._thread.start()
@@ -370,7 +386,9 @@ class Detector:
             recorder._detect = None
         if recorder._detect_p2p is self.digests.hook_p2p:
             recorder._detect_p2p = None
+        self.digests.on_new[0] = None
         self._stop.set()
+        self._wake.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=2 * self.tick_s + 1)
@@ -385,8 +403,25 @@ class Detector:
 
         return identity()
 
+    def _early(self) -> None:
+        """A collective with a signature this rank never issued was just recorded (the calling
+        thread, before the call): publish now and wait for it a little, within a budget. A call that
+        gets the rank aborted inside it (gloo's enforce on a size mismatch: ``terminate called``, no
+        Python on the way out) is then in the store for the others' last checks; a rank that issued
+        an extra all_reduce would otherwise leave only its state of the last second."""
+        if self._early_left <= 0 or threading.current_thread() is self._thread:
+            return
+        done = threading.Event()
+        self._early_req = done
+        self._wake.set()
+        done.wait(EARLY_WAIT)
+
     def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.tick_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._tick()
             except Exception as e:  # the detector must never take the job down
@@ -447,8 +482,16 @@ class Detector:
             self._tick_locked(final)
 
     def _tick_locked(self, final: bool) -> None:
-        if self.verdict is not None or not self._ready():
-            return
+        early, self._early_req = self._early_req, None
+        try:
+            if self.verdict is not None or not self._ready():
+                return
+            if early is not None and self._early_left > 0:
+                self._early_left -= 1  # only publications count: before the store is ready, none is made
+                self.node.publish(time.monotonic(), self.digests.total(), self._make)
+        finally:
+            if early is not None:
+                early.set()
         node = self.node
         v = node.tick(time.monotonic(), self.digests.total(), self._make, final=final)
         if v is not None:

@@ -109,6 +109,9 @@ class Digests:
         self.received: Dict[int, int] = {}
         self.p2p_n: List[int] = [0]
         self.last_p2p: List[Optional[tuple]] = [None]
+        #: [called (in the calling thread) after a collective whose signature this rank had never
+        #: issued was recorded, or None] (see hangdoc.runtime.detect.Detector._early)
+        self.on_new: List[Optional[Callable[[], None]]] = [None]
         self.hook = self._make_hook()
         self.hook_p2p = self._make_hook_p2p()
 
@@ -126,7 +129,7 @@ class Digests:
     def _make_hook(self) -> Callable[..., None]:
         groups, hashes, learn, new_group, abort, last = (self.groups, self.hashes, self._learn, self._new_group,
                                                          self.abort, self.last)
-        last_p2p = self.last_p2p
+        last_p2p, on_new = self.last_p2p, self.on_new
         rmask, cmask, prime, mask = RING - 1, CHECKPOINT - 1, _PRIME, _MASK
 
         def hook(key: str, op: str, shapes: tuple, dtypes: tuple, root: Any, rec: tuple) -> None:
@@ -137,7 +140,8 @@ class Digests:
                 g = new_group(key, rec)
             sig = (op, shapes, dtypes, root)
             h = hashes.get(sig)
-            if h is None:
+            fresh = h is None
+            if fresh:
                 h = learn(sig)
             n = g.n
             d = ((g.d ^ h) * prime) & mask
@@ -148,6 +152,8 @@ class Digests:
             last_p2p[0] = None
             if n & cmask == cmask:
                 g.cps.append((n, d))
+            if fresh and on_new[0] is not None:
+                on_new[0]()
 
         return hook
 
