@@ -346,6 +346,8 @@ class Detector:
         self._early_left = EARLY
         self._early_req: Optional[threading.Event] = None
         self._wake = threading.Event()
+        #: when this rank's main thread was last looked at for a lock it holds itself (_own_lock)
+        self._lock_at = 0.0
         #: (calls issued when it was computed, this rank's loop break) (see _own_break)
         self._brk: Tuple[int, Optional[Dict[str, Any]]] = (-1, None)
         self._stop = threading.Event()
@@ -464,6 +466,20 @@ class Detector:
             out["end"] = True
         return out
 
+    def _own_lock(self, node: Node) -> Optional[Verdict]:
+        """While this rank is quiet, once a second: its main thread waiting for a lock it holds
+        itself (hangdoc.runtime.detect_lock) is the verdict, certain at once."""
+        from hangdoc.runtime import detect_lock
+
+        now = time.monotonic()
+        if now - node.last_change < QUIET or now - self._lock_at < 1.0:
+            return None
+        self._lock_at = now
+        found = detect_lock.main_thread_deadlock()
+        if found is None:
+            return None
+        return node.claim(detect_lock.verdict(node.rank, found, self.digests, self._describe), now)
+
     def _own_break(self) -> Optional[Dict[str, Any]]:
         from hangdoc.runtime import detect_pattern, recorder
 
@@ -494,6 +510,8 @@ class Detector:
                 early.set()
         node = self.node
         v = node.tick(time.monotonic(), self.digests.total(), self._make, final=final)
+        if v is None and not final:
+            v = self._own_lock(node)
         if v is not None:
             self._act(v, mine=node.claimed)
 

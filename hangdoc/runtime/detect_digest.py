@@ -418,7 +418,7 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break") and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break", "lock") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
         if d.get("kind") in KINDS:
             v.kind = d["kind"]

@@ -52,6 +52,20 @@ def _message(e: BaseException) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
 
 
+def last_call(digests: Any, describe: Callable[[tuple], Tuple[str, str]]) -> Tuple[str, int, Optional[list], str]:
+    """(group, calls issued in it, [None, call, site], "; its last collective was #n of g, call at
+    site") of the latest collective this rank issued (the entry and the phrase empty when unknown)."""
+    group = digests.last[0] or "default_pg"
+    g = digests.groups.get(group)
+    n = g.n if g is not None else 0
+    if g is not None and n:
+        e_ring = g.ring[(n - 1) & (len(g.ring) - 1)]
+        if e_ring is not None and e_ring[0] == n - 1:
+            call, site = describe(e_ring[3])
+            return group, n, [None, call, site], f"; its last collective was #{n - 1} of {group}, {call} at {site}"
+    return group, n, None, ""
+
+
 def verdict(e: BaseException, rank: int, digests: Any, describe: Callable[[tuple], Tuple[str, str]]) -> Optional[Verdict]:
     """The ``rank-failed`` verdict for ``e``, raised on ``rank``; None for an exception that came
     out of a collective, or after a SIGTERM."""
@@ -64,17 +78,7 @@ def verdict(e: BaseException, rank: int, digests: Any, describe: Callable[[tuple
     frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
     where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
     msg = _message(e)
-    group = digests.last[0] or "default_pg"
-    g = digests.groups.get(group)
-    n = g.n if g is not None else 0
-    last = ""
-    entry = None
-    if g is not None and n:
-        e_ring = g.ring[(n - 1) & (len(g.ring) - 1)]
-        if e_ring is not None and e_ring[0] == n - 1:
-            call, site = describe(e_ring[3])
-            entry = [None, call, site]
-            last = f"; its last collective was #{n - 1} of {group}, {call} at {site}"
+    group, n, entry, last = last_call(digests, describe)
     v = Verdict(group, max(0, n - 1), True, [rank], [], entry, None, "raised")
     v.kind = "rank-failed"
     v.text = (f"{describe_ranks([rank])} raised {type(e).__name__}{': ' + msg if msg else ''}{where}{last}: the other "
