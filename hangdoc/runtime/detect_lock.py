@@ -30,16 +30,38 @@ _MISSING = object()
 
 
 @functools.lru_cache(maxsize=64)
-def _tree(filename: str) -> Optional[ast.AST]:
+def _source(filename: str) -> Optional[bytes]:
     from hangdoc.safeio import open_input, read_bounded
 
     if not filename or filename.startswith("<"):
         return None
     try:
         with open_input(filename) as f:
-            return ast.parse(read_bounded(f, MAX_SOURCE, "source file"))
-    except (OSError, ValueError, SyntaxError, MemoryError, RecursionError):
+            return read_bounded(f, MAX_SOURCE, "source file")
+    except (OSError, ValueError):
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def _tree(filename: str) -> Optional[ast.AST]:
+    data = _source(filename)
+    if data is None:
+        return None
+    try:
+        return ast.parse(data)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _may_acquire(filename: str, line: int) -> bool:
+    """Whether line ``line`` of the file mentions ``with`` or ``acquire(`` at all: a file is parsed
+    only then (a rank waiting in a collective sits in torch's largest files)."""
+    data = _source(filename)
+    if data is None or line < 1:
+        return False
+    lines = data.split(b"\n", line)
+    text = lines[line - 1] if len(lines) >= line else b""
+    return b"with" in text or b"acquire(" in text
 
 
 def _withs(filename: str) -> List[Tuple[int, int, int, int, List[ast.expr]]]:
@@ -86,6 +108,8 @@ def _resolve(expr: ast.expr, frame: Any) -> Any:
 def _acquiring(frame: Any) -> Tuple[Any, str]:
     """(the lock the frame waits to take at its current line, its expression) or (_MISSING, "")."""
     line = frame.f_lineno
+    if not _may_acquire(frame.f_code.co_filename, line):
+        return _MISSING, ""
     for owner, header, _first, _end, exprs in _withs(frame.f_code.co_filename):
         if header == line and owner == frame.f_code.co_firstlineno:
             for e in exprs:
