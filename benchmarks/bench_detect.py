@@ -2,7 +2,7 @@
 
     python benchmarks/bench_detect.py [--calls 4000] [--rounds 15]
 
-Three measurements, each in alternating rounds so that machine load hits all variants alike
+Four measurements, each in alternating rounds so that machine load hits all variants alike
 (median and min of the rounds are printed):
 
 1. gloo ``dist.all_reduce([4] float32)`` in a loop on one rank: off / recorder / recorder+detect.
@@ -12,6 +12,8 @@ Three measurements, each in alternating rounds so that machine load hits all var
 3. The daemon's periodic work: one snapshot (what a rank publishes) of a group with a full ring,
    and one comparison of two snapshots, in ms (paid at most a few times a second, off the main
    thread's path except for the GIL).
+4. A running detector at calls of signatures it never saw (the first iteration's): published as
+   issued (EARLY of them per process) against none left, per call.
 """
 
 from __future__ import annotations
@@ -137,6 +139,28 @@ def main() -> int:
     print(f"daemon: snapshot {snap_ms:.2f} ms ({size} bytes published), comparison {cmp_ms:.2f} ms; "
           f"at most ~4 of each per second")
     recorder.disable()
+
+    # 4. a running detector at calls of new signatures: each is published as it is issued (EARLY
+    # of them), against the same detector with none left, side by side
+    early = {"no early": [], "early": []}
+    for _ in range(max(3, args.rounds // 3)):
+        for how in early:
+            det = detect.Detector(policy="warn")
+            det.start()
+            end = time.monotonic() + 10
+            while det.node is None and time.monotonic() < end:  # the store connected
+                time.sleep(0.01)
+            if how == "no early":
+                det._early_left = 0
+            shapes = [torch.ones(5 + k) for k in range(detect.EARLY)]
+            t0 = time.perf_counter()
+            for x in shapes:
+                dist.all_reduce(x)
+            early[how].append((time.perf_counter() - t0) / len(shapes) * 1e6)
+            det.stop()
+            recorder.disable()
+    print(f"{detect.EARLY} calls of new signatures under a running detector, published as issued or not")
+    _stats("new sig", early, "no early")
     dist.destroy_process_group()
     return 0
 

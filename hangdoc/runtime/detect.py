@@ -358,6 +358,7 @@ class Detector:
         self._ending = False
 
     def start(self) -> "Detector":
+        from hangdoc import atomic  # noqa: F401  (imported now: a verdict on the way out writes with it)
         from hangdoc.runtime import recorder
 
         if recorder.enable(out_dir=self.out_dir) is None:
@@ -544,7 +545,8 @@ class Detector:
         self.verdict = v
         self.fired_at = time.time()
         if mine:
-            self._say(f"hangdoc: DIVERGENCE: {v.summary}")
+            # the file first: on the way out (a rank's last check while its process exits) the
+            # process may end right after, and the file is what stays
             try:
                 from hangdoc.atomic import write_atomic
 
@@ -552,6 +554,7 @@ class Detector:
                 write_atomic(os.path.join(self.out_dir, "divergence.json"), json.dumps(v.to_json(), indent=1) + "\n")
             except Exception as e:
                 self._say(f"hangdoc detect: divergence.json not written: {type(e).__name__}: {e}")
+            self._say(f"hangdoc: DIVERGENCE: {v.summary}")
         if self.policy == "abort":
             self.digests.abort.append(DivergenceError(f"hangdoc: {v.summary}"))
         elif self.policy == "dump":
