@@ -99,6 +99,19 @@ def read_bounded(f: BinaryIO, limit: int = MAX_WHOLE_FILE, what: str = "file") -
     return b"".join(parts)
 
 
+def read_source(file: str, limit: int) -> "bytes | None":
+    """A source file named by a frame or a dump (``train.py``), read as input: a regular file
+    only (a FIFO would block, ``/dev/zero`` never end), at most ``limit`` bytes; None otherwise
+    (``<string>``, missing, too large, not a regular file)."""
+    if not file or file.startswith("<"):
+        return None
+    try:
+        with open_input(file) as f:
+            return read_bounded(f, limit, "source file")
+    except (OSError, ValueError):
+        return None
+
+
 #: a run of NULs at least this long is a hole (a file cut or overwritten while written), not
 #: binary content: a log rotated with copytruncate goes on at its old offset, leaving NULs before it
 HOLE = 64

@@ -19,7 +19,7 @@ import functools
 import re
 from typing import Optional, Tuple
 
-from hangdoc.safeio import open_input, read_bounded
+from hangdoc.safeio import read_source
 
 #: the largest source file read (torch's biggest, a test helper, is 1.4 MB; beyond it: unknown)
 MAX_SOURCE = 4 << 20
@@ -51,13 +51,7 @@ def source_bytes(file: str) -> Optional[bytes]:
     """The source of ``file`` as this machine has it, read as input (the name comes from a dump): a
     regular file only (a FIFO would block, ``/dev/zero`` never end), at most :data:`MAX_SOURCE`
     bytes; None otherwise. Shared by every rule that looks at a call site's source."""
-    if not file or file.startswith("<"):
-        return None
-    try:
-        with open_input(file) as f:
-            return read_bounded(f, MAX_SOURCE, "source file")
-    except (OSError, ValueError):
-        return None
+    return read_source(file, MAX_SOURCE)
 
 
 @functools.lru_cache(maxsize=1024)

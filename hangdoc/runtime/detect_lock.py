@@ -31,15 +31,9 @@ _MISSING = object()
 
 @functools.lru_cache(maxsize=64)
 def _source(filename: str) -> Optional[bytes]:
-    from hangdoc.safeio import open_input, read_bounded
+    from hangdoc.safeio import read_source
 
-    if not filename or filename.startswith("<"):
-        return None
-    try:
-        with open_input(filename) as f:
-            return read_bounded(f, MAX_SOURCE, "source file")
-    except (OSError, ValueError):
-        return None
+    return read_source(filename, MAX_SOURCE)
 
 
 @functools.lru_cache(maxsize=64)
