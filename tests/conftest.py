@@ -11,6 +11,7 @@ For one-shot runs with a hard timeout use ``tests.procs.run`` / ``torchrun_cmd``
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -23,6 +24,13 @@ import pytest
 # again by every process that imports it, too.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+
+# SIGINT back to Python's handler when the run was started with it ignored (a `cmd &` of a
+# non-interactive shell, nohup): the processes the tests start inherit an ignored SIGINT across exec,
+# and the tests of Ctrl-C (a KeyboardInterrupt in a rank, a SIGINT to a job's process group) would
+# fail for that alone. A handled signal is reset to the default at exec, so the children get theirs.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
