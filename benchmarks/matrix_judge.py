@@ -78,13 +78,17 @@ def from_report(report: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return out
 
 
+#: the kinds a ``divergence.json`` may carry (hangdoc.runtime.detect_digest.KINDS; a test keeps them equal)
+DETECT_KINDS = ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed", "unresponsive-process",
+                "dataloader-stall")
+
+
 def from_divergence(div: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """``--detect``'s ``divergence.json``: its deviants, and its kind (a collective mismatch unless it
     names another)."""
     if not div or not div.get("deviants"):
         return None
-    kinds = ("p2p-stall", "p2p-cycle", "rank-failed", "unresponsive-process")
-    kind = div.get("kind") if div.get("kind") in kinds else "collective-mismatch"
+    kind = div.get("kind") if div.get("kind") in DETECT_KINDS else "collective-mismatch"
     return {"kind": kind, "culprits": sorted(set(int(r) for r in div["deviants"])),
             "summary": div.get("summary", "")}
 

@@ -127,3 +127,12 @@ def test_inprocess_several_ranks_in_one_record():
 def test_inprocess_log_without_an_interruption_is_no_verdict():
     head = nvrxip_log("skip_broadcast").split("Interruption.")[0]
     assert matrix_judge.from_nvrx_inprocess_log(head) is None
+
+
+def test_the_judge_reads_every_kind_the_detector_writes():
+    from hangdoc.runtime.detect_digest import KINDS
+
+    assert set(matrix_judge.DETECT_KINDS) == set(KINDS)
+    div = {"deviants": [1], "kind": "dataloader-stall", "summary": "rank 1 waits for its DataLoader worker"}
+    assert matrix_judge.from_divergence(div)["kind"] == "dataloader-stall"
+    assert matrix_judge.from_divergence(dict(div, kind="nonsense"))["kind"] == "collective-mismatch"

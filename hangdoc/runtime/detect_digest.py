@@ -351,7 +351,7 @@ def first_difference(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[Tuple[int
 
 
 #: the kinds of finding (docs/findings) a detector verdict may have
-KINDS = ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed", "unresponsive-process")
+KINDS = ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed", "unresponsive-process", "dataloader-stall")
 
 
 class Verdict:
@@ -370,7 +370,8 @@ class Verdict:
         #: the summary, where the rule that made the verdict wrote its own (hangdoc.runtime.detect_groups)
         self.text: Optional[str] = None
         #: the finding's kind (one of KINDS): a point-to-point rule's are p2p-stall and p2p-cycle, a
-        #: rank that raised or died is rank-failed, a stopped one unresponsive-process
+        #: rank that raised or died is rank-failed, a stopped one unresponsive-process, one waiting
+        #: for a DataLoader worker blocked on a lock held at fork dataloader-stall
         self.kind = "collective-mismatch"
         #: with kind p2p-stall: the rank whose message the deviant should receive
         self.expected_peer: Optional[int] = None
@@ -418,7 +419,7 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break", "lock") and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break", "lock", "fork") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
         if d.get("kind") in KINDS:
             v.kind = d["kind"]

@@ -29,15 +29,15 @@ _LOCK = type(threading.Lock())
 _MISSING = object()
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _source(filename: str) -> Optional[bytes]:
     from hangdoc.safeio import read_source
 
     return read_source(filename, MAX_SOURCE)
 
 
-@functools.lru_cache(maxsize=64)
 def _tree(filename: str) -> Optional[ast.AST]:
+    """The file parsed (not kept: a large file's tree is tens of MB; :func:`_withs` keeps what it needs)."""
     data = _source(filename)
     if data is None:
         return None
@@ -47,17 +47,23 @@ def _tree(filename: str) -> Optional[ast.AST]:
         return None
 
 
+def line_of(filename: str, line: int) -> Optional[bytes]:
+    """Line ``line`` (1-based) of a source file as this machine has it; None when unreadable."""
+    data = _source(filename)
+    if data is None or line < 1:
+        return None
+    lines = data.split(b"\n", line)
+    return lines[line - 1] if len(lines) >= line else None
+
+
 def _may_acquire(filename: str, line: int) -> bool:
     """Whether line ``line`` of the file mentions ``with`` or ``acquire(`` at all: a file is parsed
     only then (a rank waiting in a collective sits in torch's largest files)."""
-    data = _source(filename)
-    if data is None or line < 1:
-        return False
-    lines = data.split(b"\n", line)
-    text = lines[line - 1] if len(lines) >= line else b""
-    return b"with" in text or b"acquire(" in text
+    text = line_of(filename, line)
+    return text is not None and (b"with" in text or b"acquire(" in text)
 
 
+@functools.lru_cache(maxsize=256)
 def _withs(filename: str) -> List[Tuple[int, int, int, int, List[ast.expr]]]:
     """(first line of the enclosing function as ``co_firstlineno`` counts it (1: the module),
     header line, first body line, last line, context expressions) of every ``with`` of a file."""
@@ -132,18 +138,28 @@ def self_deadlock(frame: Any, waiting: Any = None) -> Optional[Dict[str, Any]]:
         return None
     f, depth = frame, 0
     while f is not None and depth < MAX_FRAMES:
-        line = f.f_lineno
-        for owner, header, first, end, exprs in _withs(f.f_code.co_filename):
-            if owner != f.f_code.co_firstlineno or not first <= line <= end or (f is frame and header == line):
-                continue
-            for e in exprs:
-                if _resolve(e, f) is lock:
-                    name = text or (ast.unparse(e) if hasattr(ast, "unparse") else "the lock")
-                    return {"lock": name, "at": f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}",
-                            "in": frame.f_code.co_name, "held_at": f"{os.path.basename(f.f_code.co_filename)}:{line}",
-                            "held_in": f.f_code.co_name}
+        for held, name in held_in(f, skip_header=f is frame):
+            if held is lock:
+                return {"lock": text or name, "at": f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}",
+                        "in": frame.f_code.co_name, "held_at": f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}",
+                        "held_in": f.f_code.co_name}
         f, depth = f.f_back, depth + 1
     return None
+
+
+def held_in(frame: Any, skip_header: bool = False) -> List[Tuple[Any, str]]:
+    """(lock, its expression) of every locked ``threading.Lock`` whose ``with`` body ``frame`` is in
+    now (the thread running the frame took it there). ``skip_header``: not the ``with`` whose own
+    line the frame is at (it is entering that one, not in it)."""
+    line, out = frame.f_lineno, []
+    for owner, header, first, end, exprs in _withs(frame.f_code.co_filename):
+        if owner != frame.f_code.co_firstlineno or not first <= line <= end or (skip_header and header == line):
+            continue
+        for e in exprs:
+            obj = _resolve(e, frame)
+            if isinstance(obj, _LOCK) and obj.locked():
+                out.append((obj, ast.unparse(e) if hasattr(ast, "unparse") else "the lock"))
+    return out
 
 
 def main_thread_deadlock() -> Optional[Dict[str, Any]]:
