@@ -2,7 +2,7 @@
 
     python benchmarks/bench_detect.py [--calls 4000] [--rounds 15]
 
-Four measurements, each in alternating rounds so that machine load hits all variants alike
+Five measurements, each in alternating rounds so that machine load hits all variants alike
 (median and min of the rounds are printed):
 
 1. gloo ``dist.all_reduce([4] float32)`` in a loop on one rank: off / recorder / recorder+detect.
@@ -14,6 +14,7 @@ Four measurements, each in alternating rounds so that machine load hits all vari
    thread's path except for the GIL).
 4. A running detector at calls of signatures it never saw (the first iteration's): published as
    issued (EARLY of them per process) against none left, per call.
+5. ``os.fork`` with the detector's at-fork hook (the locks other threads hold, noted) against paused.
 """
 
 from __future__ import annotations
@@ -162,6 +163,59 @@ def main() -> int:
     print(f"{detect.EARLY} calls of new signatures under a running detector, published as issued or not")
     _stats("new sig", early, "no early")
     dist.destroy_process_group()
+    _fork_hook(args.rounds)
+
+
+def _fork_hook(rounds: int) -> None:
+    """5. ``os.fork`` (the child exits at once) with the detector's at-fork hook active against
+    paused, a thread of this process holding a lock in a ``with`` body of its own (the hook's
+    worst case: that thread's frames are parsed and its lock noted at every fork)."""
+    import tempfile
+    import textwrap
+    import threading
+
+    from hangdoc.runtime import detect_fork
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "holder.py")
+        with open(path, "w") as f:
+            f.write(textwrap.dedent("""
+                import threading
+                LOCK = threading.Lock()
+                def hold(stop):
+                    with LOCK:
+                        stop.wait(600)
+            """))
+        ns: dict = {}
+        exec(compile(open(path).read(), path, "exec"), ns)
+        stop = threading.Event()
+        t = threading.Thread(target=ns["hold"], args=(stop,), daemon=True)
+        t.start()
+        while not ns["LOCK"].locked():
+            time.sleep(0.01)
+
+        def forks(n: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+            return (time.perf_counter() - t0) / n * 1e6
+
+        detect_fork.install()
+        res = {"paused": [], "hook": []}
+        for _ in range(rounds):
+            detect_fork.uninstall()
+            res["paused"].append(forks(20))
+            detect_fork.install()
+            res["hook"].append(forks(20))
+        detect_fork.uninstall()
+        stop.set()
+        noted = detect_fork.hazards()
+    print(f"os.fork + exit + waitpid, {rounds} alternating rounds of 20 (the hook noted: "
+          f"{noted[-1]['held'] if noted else None})")
+    _stats("fork   ", res, "paused")
     return 0
 
 
