@@ -103,3 +103,17 @@ def run(cmd: Sequence[str], timeout: float = 60, env: Optional[Mapping[str, str]
     res.timed_out = timed_out  # type: ignore[attr-defined]
     res.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
     return res
+
+
+def module_from_source(directory, name: str, source: str):
+    """Write ``source`` to ``directory/name.py`` and import it as a module of that name: code whose
+    frames point at a real, readable file (the detector reads the source of live frames)."""
+    import importlib.util
+
+    path = os.path.join(str(directory), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,7 +3,6 @@ child blocked on the inherited lock, the real main thread waiting for it."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import textwrap
@@ -14,6 +13,7 @@ import pytest
 
 from hangdoc.runtime import detect_fork
 from hangdoc.runtime.detect_digest import Digests, Verdict
+from tests.procs import module_from_source
 
 SOURCE = textwrap.dedent('''
     import os, threading
@@ -35,12 +35,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="os.
 
 
 def load(tmp_path, name):
-    path = tmp_path / f"{name}.py"
-    path.write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_source(tmp_path, name, SOURCE)
 
 
 def fork_and_wait(mod, child_takes_lock, hold=True):

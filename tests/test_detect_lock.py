@@ -3,14 +3,14 @@ running code from real source files."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
+import textwrap
 import threading
 import time
-import textwrap
 
 from hangdoc.runtime import detect_lock
 from hangdoc.runtime.detect_digest import Digests, Verdict
+from tests.procs import module_from_source
 
 SOURCE = textwrap.dedent('''
     import threading, time
@@ -52,12 +52,7 @@ SOURCE = textwrap.dedent('''
 
 
 def load(tmp_path, name):
-    path = tmp_path / f"{name}.py"
-    path.write_text(SOURCE)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_source(tmp_path, name, SOURCE)
 
 
 def blocked(target, lock):
