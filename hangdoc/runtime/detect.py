@@ -198,7 +198,8 @@ class Detector:
         done = threading.Event()
         self._early_req = done
         self._wake.set()
-        done.wait(EARLY_WAIT)
+        if not done.wait(EARLY_WAIT):
+            self._early_left -= 1  # a daemon busy elsewhere (a store call that hangs): waits are bounded too
 
     def _run(self) -> None:
         while not self._stop.is_set():
