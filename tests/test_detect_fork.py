@@ -130,3 +130,20 @@ def test_paused_watch_notes_nothing(tmp_path):
         stop.set()
         holder.join(10)
     assert detect_fork.hazards() == []  # not installed, or uninstalled: the hook does nothing
+
+
+def test_only_a_child_started_at_a_noted_fork_is_blamed(monkeypatch):
+    """A fork with a lock held long ago (its child went through) says nothing about a child started
+    later that sits in a futex wait for another reason: the child's start must match the fork."""
+    noted = {"held": [{"lock": "L", "thread": "t", "held_at": "x.py:3", "held_in": "f"}], "forked_at": "x.py:9",
+             "forked_in": "main", "dataloader": False, "time": 1000.0}
+    monkeypatch.setitem(detect_fork._state, "hazards", [noted])
+    monkeypatch.setattr(detect_fork, "main_waits_for_child", lambda: "child")
+    for started, named in ((1000.3, True), (1000.0 + 60, False)):
+        monkeypatch.setattr(detect_fork, "blocked_children", lambda started=started: {4242: started})
+        watch = detect_fork.Watch()
+        assert watch.look(10.0) is None  # seen once: not yet
+        found = watch.look(11.5)
+        assert (found is not None) == named, found
+        if named:
+            assert found["child"] == 4242 and found["forked_at"] == "x.py:9"

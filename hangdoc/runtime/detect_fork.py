@@ -13,7 +13,8 @@ notes every ``threading.Lock`` another thread of the process holds then: a frame
 inside the body of a ``with L:`` (:mod:`hangdoc.runtime.detect_lock`). While the rank is quiet, its
 detector looks for the verdict: such a fork happened, the main thread waits for a child (in the
 DataLoader, or at a line calling ``waitpid``, ``wait(``, ``join(``, ``communicate(``), and a child
-of this process sits in a futex wait (``/proc/PID/wchan``), twice a second apart.
+of this process that started at such a fork (its start time in ``/proc/PID/stat``, within
+FORK_SLACK of the fork noted) sits in a futex wait (``/proc/PID/wchan``), twice a second apart.
 """
 
 from __future__ import annotations
@@ -142,22 +143,39 @@ def main_waits_for_child() -> Optional[str]:
     return None
 
 
-def blocked_children(pid: Optional[int] = None) -> List[int]:
-    """Children of this process whose main thread sits in a futex wait (a lock, a condition)."""
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def blocked_children(pid: Optional[int] = None) -> Dict[int, float]:
+    """Children of this process whose main thread sits in a futex wait (a lock, a condition):
+    {pid: when it started (seconds since the epoch, to a clock tick)}."""
     from hangdoc import proctree
 
     me = os.getpid() if pid is None else pid
-    out = []
+    out: Dict[int, float] = {}
+    try:
+        boot, tick = _boot_time(), float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return out
     for child in proctree.parent_map().get(me, []):
         try:
-            state = proctree.stat(child)[0]
+            state, _ppid, start = proctree.stat(child)
             with open(f"/proc/{child}/wchan", "rb") as f:
                 wchan = f.read(64)
         except OSError:
             continue
         if state == "S" and wchan.startswith(b"futex"):
-            out.append(child)
+            out[child] = boot + start / tick
     return out
+
+
+#: a child belongs to a fork noted this close to its start (s): the hook runs right before the fork
+FORK_SLACK = 2.0
 
 
 class Watch:
@@ -176,11 +194,14 @@ class Watch:
             self.seen.clear()
             return None
         kids = blocked_children()
-        self.seen = {k: self.seen.get(k, now) for k in kids}
+        # only a child forked while a lock was held: its start matches a noted fork (an older fork
+        # with a lock held whose child went through says nothing about this one)
+        forked = {k: h for k, started in kids.items() for h in hz if abs(started - h["time"]) <= FORK_SLACK}
+        self.seen = {k: self.seen.get(k, now) for k in forked}
         stood = sorted(k for k, since in self.seen.items() if now - since >= 1.0)
         if not stood:
             return None
-        h = hz[-1]
+        h = forked[stood[0]]
         return {"child": stood[0], "waiting": waiting, "dataloader": waiting == "dataloader" or h["dataloader"], **h}
 
 
