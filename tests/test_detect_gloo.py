@@ -9,6 +9,7 @@ import re
 import textwrap
 import time
 
+from hangdoc.runtime import detect
 from tests.procs import kill_group, spawn, torchrun_cmd
 
 # Every script prints "DIVERGE_AT <time.time()>" right before its divergent call.
@@ -154,7 +155,8 @@ CORRECT = textwrap.dedent('''\
     from hangdoc.runtime import detect
     det = detect.get()
     node = det.node
-    print("STATS", n, node.writes if node else -1, node.reads if node else -1, det.verdict is None, flush=True)
+    print("STATS", n, node.writes - node.early if node else -1, node.reads if node else -1, det.verdict is None,
+          node.early if node else -1, flush=True)
     dist.barrier()
     ''')
 
@@ -203,9 +205,11 @@ def _start(tmp_path, script: str, nproc: int, *opts: str):
     return proc, out
 
 
-def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "", limit: float = 45.0):
-    """Run until divergence.json (and then ``then``) appears (or ``limit``), then kill the job;
-    returns (verdict, seconds from the divergent call to the verdict, stdout, stderr)."""
+def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "", said: str = "",
+                  limit: float = 45.0):
+    """Run until divergence.json (and then ``then``, and ``said`` in the job's stderr) appears (or
+    ``limit``), then kill the job; returns (verdict, seconds from the divergent call to the verdict,
+    stdout, stderr)."""
     proc, out = _start(tmp_path, script, nproc, *opts)
     verdict = None
     try:
@@ -213,7 +217,8 @@ def _wait_verdict(tmp_path, script: str, nproc: int, *opts: str, then: str = "",
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 verdict = verdict or json.loads((out / "divergence.json").read_text())
-                if not then or (out / then).exists():
+                if (not then or (out / then).exists()) and (
+                        not said or said in (tmp_path / "stderr.txt").read_text(errors="replace")):
                     break
             except (OSError, ValueError):
                 pass
@@ -236,7 +241,9 @@ def _said(stderr: str, verdict) -> None:
 
 
 def test_skipped_broadcast_named_within_seconds_and_dumped(tmp_path):
-    v, latency, _out, err = _wait_verdict(tmp_path, SKIP_BROADCAST, 2, "--detect-policy", "dump", then="report.txt")
+    # the report is printed after its file is written: the job is killed once both are there
+    v, latency, _out, err = _wait_verdict(tmp_path, SKIP_BROADCAST, 2, "--detect-policy", "dump", then="report.txt",
+                                          said="culprit: rank")
     assert (v["deviants"], v["agreeing"], v["index"], v["exact"]) == ([1], [0], 301, True)
     assert v["summary"].startswith("rank 1 diverged from rank 0 in default_pg at collective #301: "
                                    "all_reduce([256] float32) at train.py:8 vs broadcast([256] float32, src=0) at train.py:10")
@@ -325,11 +332,13 @@ def test_correct_program_with_groups_and_p2p_is_never_flagged(tmp_path):
     stdout, stderr = (tmp_path / "stdout.txt").read_text(), (tmp_path / "stderr.txt").read_text()
     assert rc == 0, stderr[-3000:]
     assert "DIVERGENCE" not in stderr and not (out / "divergence.json").exists()
-    stats = [line.split()[-4:] for line in stdout.splitlines() if "STATS" in line]
+    stats = [line.split()[-5:] for line in stdout.splitlines() if "STATS" in line]
     assert len(stats) == 4, stdout
-    for n, writes, reads, clean in stats:
+    for n, writes, reads, clean, early in stats:
         assert int(n) >= 1000 and clean == "True"
         assert int(reads) > 0 and 0 < int(writes) <= 20  # compared, at a bounded rate
+        # and a publication at once per signature new to the rank (its first calls), within the budget
+        assert 0 < int(early) <= detect.EARLY
 
 
 def test_abort_raises_in_the_main_thread_at_the_next_collective(tmp_path):

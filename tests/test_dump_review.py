@@ -192,21 +192,25 @@ def test_real_torchrun_is_the_launcher(procs, tmp_path):
 
 
 def _gdb_can_attach(pid):
+    """gdb is there, may attach, and has the interpreter's own extension (``py-bt``: a Python built
+    without its ``python3.X-gdb.py`` beside it, as a distribution's ``/usr/bin/python3`` without its
+    -dbg package, gives C frames only)."""
     if shutil.which("gdb") is None:
         return False
     try:
-        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "info threads"], stdout=subprocess.PIPE,
+        r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-iex", "set auto-load safe-path /",
+                            "-ex", "info threads", "-ex", "py-bt"], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=60, start_new_session=True)
     except subprocess.TimeoutExpired:
         return False
-    return "Operation not permitted" not in r.stdout and "LWP" in r.stdout
+    return "Operation not permitted" not in r.stdout and "LWP" in r.stdout and 'Undefined command: "py-bt"' not in r.stdout
 
 
 def test_gdb_fallback_reads_back_as_one_process_with_python_frames(procs, tmp_path):
     p = procs.spawn([sys.executable, _script(tmp_path / "waiter.py")], env={"RANK": "2", "WORLD_SIZE": "4"})
     _wait_for(p, "ready")
     if not _gdb_can_attach(p.pid):
-        pytest.skip("gdb missing or cannot attach (ptrace)")
+        pytest.skip("gdb missing, cannot attach (ptrace), or has no py-bt for this interpreter")
     out = tmp_path / "trace-node1.out"
     res = _dump("--pid", str(p.pid), "--py-spy", "/bin/false", "--no-signal", "-o", str(out))
     assert res.returncode == 0, res.stderr

@@ -75,6 +75,8 @@ class Node:
         self.verdict: Optional[Verdict] = None
         self.claimed = False
         self.writes = self.reads = 0
+        #: of the writes, publications made at once for a call of a new signature (Detector._early)
+        self.early = 0
         self._undecided: Dict[Tuple[str, int], float] = {}
         #: looks at the partners so far (whom a look reads rotates: detect_digest.rotating)
         self._turn = 0
@@ -164,6 +166,7 @@ class Node:
         mine = make(False, self.focus)
         self.ops.set(self.key(self.rank), json.dumps(mine, separators=(",", ":")))
         self.writes += 1
+        self.early += 1
         self.last_pub, self.pub_total = now, total
 
     def claim(self, v: Verdict, now: float) -> Verdict:
