@@ -29,8 +29,10 @@ from hangdoc.runtime import detect_lock
 
 #: forks with a lock held kept (the latest)
 KEEP = 8
-#: frames of a thread looked at, at a fork
+#: frames of a thread looked at, at a fork, and of all threads together (a process with a thousand
+#: threads does not make each fork slow)
 MAX_FRAMES = 64
+MAX_ALL_FRAMES = 2048
 #: frames of the main thread looked at for a wait on a child
 MAX_WAIT_FRAMES = 32
 _DATA = os.sep + os.path.join("torch", "utils", "data") + os.sep
@@ -68,12 +70,13 @@ def held_by_others(max_frames: int = MAX_FRAMES) -> List[Dict[str, Any]]:
     torch's and hangdoc's own frames are not parsed): ``{"lock", "thread", "held_at", "held_in"}``."""
     me, libs = threading.get_ident(), _libs()
     names = {t.ident: t.name for t in threading.enumerate()}
-    out = []
+    out, budget = [], MAX_ALL_FRAMES
     for ident, frame in sys._current_frames().items():
         if ident == me:
             continue
         f, depth = frame, 0
-        while f is not None and depth < max_frames:
+        while f is not None and depth < max_frames and budget > 0:
+            budget -= 1
             name = f.f_code.co_filename
             if name.startswith(("<",) + libs):
                 f, depth = f.f_back, depth + 1
