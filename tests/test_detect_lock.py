@@ -131,7 +131,7 @@ def test_an_unreadable_or_vanished_source_says_nothing(tmp_path):
     t, frame = blocked(mod.update_stats, mod.STATS_LOCK)
     try:
         (tmp_path / "stats_d.py").unlink()
-        detect_lock._withs.cache_clear()
+        detect_lock._index.cache_clear()
         detect_lock._source.cache_clear()
         assert detect_lock.self_deadlock(frame) is None
         (tmp_path / "stats_d.py").mkdir()  # not a regular file

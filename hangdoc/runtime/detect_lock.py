@@ -64,13 +64,16 @@ def _may_acquire(filename: str, line: int) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _withs(filename: str) -> List[Tuple[int, int, int, int, List[ast.expr]]]:
-    """(first line of the enclosing function as ``co_firstlineno`` counts it (1: the module),
-    header line, first body line, last line, context expressions) of every ``with`` of a file."""
+def _index(filename: str) -> Tuple[List[Tuple[int, int, int, int, List[ast.expr]]], Dict[int, List[ast.expr]]]:
+    """What a file's source says about its locks, from one parse (the tree itself is not kept):
+    every ``with`` as (first line of the enclosing function as ``co_firstlineno`` counts it (1: the
+    module), header line, first body line, last line, context expressions), and per line the
+    objects whose ``.acquire(`` it calls."""
     tree = _tree(filename)
+    withs: List[Tuple[int, int, int, int, List[ast.expr]]] = []
+    acquires: Dict[int, List[ast.expr]] = {}
     if tree is None:
-        return []
-    out: List[Tuple[int, int, int, int, List[ast.expr]]] = []
+        return withs, acquires
     todo: List[Tuple[ast.AST, int]] = [(tree, 1)]
     while todo:
         node, owner = todo.pop()
@@ -81,9 +84,16 @@ def _withs(filename: str) -> List[Tuple[int, int, int, int, List[ast.expr]]]:
                 continue
             if isinstance(child, (ast.With, ast.AsyncWith)) and child.body:
                 end = getattr(child, "end_lineno", None) or child.body[-1].lineno
-                out.append((owner, child.lineno, child.body[0].lineno, end, [it.context_expr for it in child.items]))
+                withs.append((owner, child.lineno, child.body[0].lineno, end, [it.context_expr for it in child.items]))
+            elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                  and child.func.attr == "acquire"):
+                acquires.setdefault(child.lineno, []).append(child.func.value)
             todo.append((child, owner))
-    return out
+    return withs, acquires
+
+
+def _withs(filename: str) -> List[Tuple[int, int, int, int, List[ast.expr]]]:
+    return _index(filename)[0]
 
 
 def _resolve(expr: ast.expr, frame: Any) -> Any:
@@ -116,14 +126,10 @@ def _acquiring(frame: Any) -> Tuple[Any, str]:
                 obj = _resolve(e, frame)
                 if isinstance(obj, _LOCK):
                     return obj, ast.unparse(e) if hasattr(ast, "unparse") else getattr(e, "id", "the lock")
-    tree = _tree(frame.f_code.co_filename)
-    if tree is not None:
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node, "lineno", None) == line
-                    and isinstance(node.func, ast.Attribute) and node.func.attr == "acquire"):
-                obj = _resolve(node.func.value, frame)
-                if isinstance(obj, _LOCK):
-                    return obj, ast.unparse(node.func.value) if hasattr(ast, "unparse") else "the lock"
+    for e in _index(frame.f_code.co_filename)[1].get(line, ()):
+        obj = _resolve(e, frame)
+        if isinstance(obj, _LOCK):
+            return obj, ast.unparse(e) if hasattr(ast, "unparse") else "the lock"
     return _MISSING, ""
 
 

@@ -48,11 +48,8 @@ def pattern_break(keys: Sequence[Any]) -> Optional[Tuple[int, int]]:
     """(index in ``keys`` of the call that broke the loop, index of the call that always followed
     its predecessor before) for the latest break among the last RECENT transitions; None if none."""
     n = len(keys)
-    follows: Dict[Any, Dict[Any, int]] = {}
     first_at: Dict[Tuple[Any, Any], int] = {}
     for i in range(1, n):
-        nxt = follows.setdefault(keys[i - 1], {})
-        nxt[keys[i]] = nxt.get(keys[i], 0) + 1
         first_at.setdefault((keys[i - 1], keys[i]), i)
     found = None
     for i in range(max(1, n - RECENT), n):
