@@ -125,6 +125,36 @@ def test_two_runs_of_a_job_in_one_directory_are_kept_apart(tmp_path):
     assert "2 runs of a job" in warn.message and "kept the newest" in warn.message and "1018" in warn.message
 
 
+def _pyspy_two_runs(tmp_path, names=None):
+    """The plain py-spy dumps of examples/bugs/two_jobs.py (tests/fixtures/bugs/README.md): two runs,
+    pids 7485-7488 (rank 1 skipped) and 7581-7584 (rank 3 skipped), copied with one file time."""
+    import shutil
+
+    d = os.path.join(FIX, "bugs", "two_jobs", "pyspy")
+    for name in names or os.listdir(d):
+        shutil.copy(os.path.join(d, name), tmp_path / name)
+        os.utime(tmp_path / name, (1_700_000_000,) * 2)
+    from hangdoc.cli.aggregate import read_rank_map
+
+    return read_paths([str(tmp_path)], rank_map=read_rank_map(os.path.join(FIX, "bugs", "two_jobs", "pyspy-rank-map.txt")))
+
+
+def test_two_runs_copied_with_one_file_time_are_told_apart_by_their_pids(tmp_path):
+    job = _pyspy_two_runs(tmp_path)
+    assert sorted((p.rank, p.pid) for p in job.processes) == [(0, 7581), (1, 7582), (2, 7583), (3, 7584)]
+    (warn,) = [e for e in job.errors if e.source == "evidence"]
+    assert "2 runs of a job" in warn.message and "7485, 7486, 7487, 7488" in warn.message and "pids" in warn.message
+
+
+def test_runs_that_nothing_tells_apart_are_kept_with_a_warning(tmp_path):
+    # rank 0 of the newer run with ranks 1-3 of the older and rank 0 of the older: no block holds
+    # every rank once, so no run can be picked; the evidence stays whole and says it mixes runs
+    job = _pyspy_two_runs(tmp_path, ["trace-run0-rank0.out", "trace-run0-rank1.out", "trace-run1-rank0.out"])
+    assert len([p for p in job.processes if p.rank == 0]) == 2
+    (warn,) = [e for e in job.errors if e.source == "evidence"]
+    assert "more than one process for rank 0" in warn.message and "7485, 7581" in warn.message
+
+
 def _headline(job):
     from hangdoc.analysis.diagnose import diagnose
     from hangdoc.analysis.grouping import build_report

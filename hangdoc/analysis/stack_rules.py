@@ -10,6 +10,8 @@ The rules, in the order they look at a job:
 
 * ``unresponsive-process``: a process whose stack could not be taken, that is stopped, or whose
   dump is cut off; ``missing-rank``: ranks the world size implies but no dump mentions;
+* ``rank-failed``: a rank whose main thread ended (Python exiting, held by its other threads)
+  while others wait in collectives for it (``ended_stacks``);
 * ``dataloader-stall``: a rank waits for a batch while others wait in collectives (for it);
 * ``p2p-cycle`` (peers known from ``--locals`` and waiting on each other in a cycle) and
   ``p2p-stall`` (a chain of waits that ends at a rank not sending/receiving, or peers unknown);
@@ -58,6 +60,7 @@ from hangdoc.model import (
     Process,
     Report,
 )
+from hangdoc.analysis.ended_stacks import EndedRules
 from hangdoc.analysis.p2p_stacks import P2PRules
 from hangdoc.analysis.stack_words import _RECORDS_ADVICE, _cap, _culprits, _procs, _s, _sorted, who
 from hangdoc.ranges import MAX_LISTED, RankSet
@@ -172,7 +175,7 @@ def _count(buckets: Iterable[_Bucket]) -> int:
 
 
 
-class _Analysis(P2PRules):
+class _Analysis(P2PRules, EndedRules):
     def __init__(self, report: Report) -> None:
         self.report = report
         self.out: List[Finding] = []
@@ -245,6 +248,7 @@ class _Analysis(P2PRules):
     def run(self) -> List[Finding]:
         waiting_dist = self.in_category(DISTRIBUTED)
         explained = self.unresponsive(waiting_dist) | self.missing_ranks(waiting_dist)
+        explained |= self.ended()
         if not self.dataloader_stall():
             self.p2p()
             self.collectives(explained)

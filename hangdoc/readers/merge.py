@@ -271,8 +271,14 @@ def _one_job(job: Job) -> None:
     runs: Dict[Tuple, List[Process]] = {}
     for p in ranked:
         runs.setdefault(key[id(p)], []).append(p)
+    how = ""
     if len(runs) < 2 or any(len({p.rank for p in ps}) != len(ps) for ps in runs.values()):
-        return  # the keys do not separate the runs: leave the evidence as it is
+        # files copied without their times (cp, scp, a git checkout) all share one: the pids
+        blocks = _pid_blocks(ranked)
+        if blocks is None:
+            _mixed_runs(job, per_rank)
+            return
+        runs, how = blocks, " (told apart by their pids: a launcher starts its ranks together, a later run's pids are higher)"
     # newest: by the time of its last recorded call (files copied without -p all share one mtime),
     # then by its files' times
     last_call: Dict[Tuple[Optional[str], Optional[int]], float] = {}
@@ -281,7 +287,7 @@ def _one_job(job: Job) -> None:
         if isinstance(t, (int, float)) and t > last_call.get((r.host, r.pid), float("-inf")):
             last_call[(r.host, r.pid)] = float(t)
     newest = max(runs, key=lambda k: (max((last_call.get((p.host, p.pid), float("-inf")) for p in runs[k])),
-                                      max(_mtime(p.source) for p in runs[k]), len(runs[k])))
+                                      max(_mtime(p.source) for p in runs[k]), len(runs[k]), max(p.pid for p in runs[k])))
     gone = {(p.host, p.pid) for k, ps in runs.items() if k != newest for p in ps}
     keep = runs[newest]
     job.processes[:] = [p for p in job.processes if (p.host, p.pid) not in gone
@@ -295,7 +301,47 @@ def _one_job(job: Job) -> None:
     src = Source("evidence")
     src.errors.append(ParseError(src.path, 0, f"{len(runs)} runs of a job are in the evidence: kept the newest "
                                  f"({describe_ranks(sorted({p.rank for p in keep}))}, pids from {min(p.pid for p in keep)}); "
-                                 f"left out {others}: give one run's files to see another"))
+                                 f"left out {others}{how}: give one run's files to see another"))
+    job.sources.append(src)
+
+
+def _pid_blocks(ranked: List[Process]) -> Optional[Dict[Tuple, List[Process]]]:
+    """The runs, when the processes in pid order fall into blocks that each hold every rank once
+    (a launcher starts its ranks one after another, so on one machine one run's pids are close
+    together); ``None`` when they do not (several machines' pids interleave, a run is incomplete).
+
+    >>> from hangdoc.model import Process
+    >>> ps = [Process(pid=pid, rank=r) for pid, r in [(7581, 0), (7485, 0), (7486, 1), (7582, 1)]]
+    >>> sorted((k, [p.pid for p in b]) for k, b in _pid_blocks(ps).items())
+    [(('pids', 0), [7485, 7486]), (('pids', 1), [7581, 7582])]
+    >>> _pid_blocks([Process(pid=pid, rank=r) for pid, r in [(10, 0), (11, 0), (12, 1), (13, 1)]]) is None
+    True
+    """
+    blocks: List[List[Process]] = [[]]
+    seen: Set[Optional[int]] = set()
+    for p in sorted(ranked, key=lambda q: q.pid or 0):
+        if p.rank in seen:
+            blocks.append([])
+            seen = set()
+        blocks[-1].append(p)
+        seen.add(p.rank)
+    ranks = {p.rank for p in ranked}
+    if len(blocks) < 2 or any({p.rank for p in b} != ranks for b in blocks):
+        return None
+    return {("pids", i): b for i, b in enumerate(blocks)}
+
+
+def _mixed_runs(job: Job, per_rank: Dict[int, Set[Tuple[Optional[str], int]]]) -> None:
+    """Two live processes for one rank that nothing tells apart: say so, once, on stderr."""
+    from hangdoc.ranges import describe_ranks
+
+    twice = sorted(r for r, v in per_rank.items() if len(v) > 1)
+    r = twice[0]
+    pids = ", ".join(str(pid) for _, pid in sorted(per_rank[r], key=lambda hp: hp[1]))
+    src = Source("evidence")
+    src.errors.append(ParseError(src.path, 0, f"more than one process for {describe_ranks(twice)} (rank {r}: pids {pids}): "
+                                 "the evidence holds several runs of a job that neither their launcher, their files' "
+                                 "times nor their pids tell apart; the verdict mixes them: give one run's files"))
     job.sources.append(src)
 
 
