@@ -125,6 +125,8 @@ class Detector:
         self._fork_watch = detect_fork.Watch()
         #: (calls issued when it was computed, this rank's loop break) (see _own_break)
         self._brk: Tuple[int, Optional[Dict[str, Any]]] = (-1, None)
+        #: (calls issued, when, this rank's queue head) (see _queue_head)
+        self._head: Tuple[int, float, Optional[Dict[str, Any]]] = (-1, 0.0, None)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._errors = 0
@@ -245,6 +247,9 @@ class Detector:
             brk = self._own_break()
             if brk is not None:
                 out["brk"] = brk
+            h = self._queue_head()  # its oldest call still on the GPU, with others queued behind (detect_queue)
+            if h is not None:
+                out["h"] = h
         if self._ending:
             out["end"] = True
         return out
@@ -277,6 +282,18 @@ class Detector:
             records = list(r._buf) if r is not None else []  # one C-level copy: consistent
             self._brk = (total, detect_pattern.own_break(records, self._describe))
         return self._brk[1]
+
+    def _queue_head(self) -> Optional[Dict[str, Any]]:
+        from hangdoc.runtime import detect_queue, recorder
+
+        r = recorder.get()
+        if r is None or not r._streams:  # no CUDA stream: nothing waits queued on a GPU
+            return None
+        now, total = time.monotonic(), self.digests.total()
+        if self._head[0] != total or now - self._head[1] >= 1.0:
+            r._bounded(r._sweep)  # non-blocking queries on a thread of their own, 1 s at most
+            self._head = (total, now, detect_queue.head(r._resolved(), self.digests.groups, self._describe))
+        return self._head[2]
 
     def _describe(self, rec: tuple) -> Tuple[str, str]:
         return _describe(rec, self._describe_cache)

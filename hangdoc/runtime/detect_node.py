@@ -232,15 +232,18 @@ class Node:
 
     def _cross_group(self, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]], now: float,
                      final: bool) -> Optional[Verdict]:
-        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`), a receive
+        """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`; under NCCL, calls
+        queued behind each other on the GPU: :mod:`hangdoc.runtime.detect_queue`), a receive
         that cannot end (:mod:`hangdoc.runtime.detect_p2p`), or a member the others wait for whose
         process is dead or stopped (:mod:`hangdoc.runtime.detect_gone`), once it has stood for
         PERSIST seconds (at once on the way out)."""
-        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p, detect_pattern
+        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p, detect_pattern, detect_queue
 
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
         v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)
+        if v is None:
+            v = detect_queue.queued_cycle(self.rank, mine, pub_of, self.ranks_of)
         if v is None:
             v = detect_p2p.p2p_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"))
         if v is None and self.host:

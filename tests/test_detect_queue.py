@@ -1,0 +1,119 @@
+"""Calls queued behind each other on a GPU stream (hangdoc.runtime.detect_queue): two groups entered in
+opposite orders under NCCL, from the detector's real publications on 2 x H200
+(tests/fixtures/detect/gpu-queue/README.md), and the rule's invariants."""
+
+import glob
+import json
+import os
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hangdoc.runtime.detect_queue import QUEUED, _inversion, head, queued_cycle
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIX = os.path.join(HERE, "fixtures", "detect", "gpu-queue")
+
+
+def _pubs(kind):
+    out = {0: [], 1: []}
+    for path in sorted(glob.glob(os.path.join(FIX, kind, "pub-r*.json"))):
+        with open(path) as f:
+            pub = json.load(f)
+        out[pub["rank"]].append(pub)
+    assert out[0] and out[1]
+    return out
+
+
+def _both(kind):
+    return lambda name: (0, 1)
+
+
+def test_the_real_opposite_order_is_found_from_either_rank_at_every_look():
+    pubs = _pubs("bug")
+    for p0 in pubs[0]:
+        for p1 in pubs[1]:
+            for me, mine in ((0, p0), (1, p1)):
+                v = queued_cycle(me, mine, {0: p0, 1: p1}.get, _both("bug"))
+                assert v is not None and v.deviants == [0, 1] and v.agreeing == [], (me, v)
+                assert v.basis == "queued" and v.kind == "collective-mismatch"
+                assert sorted(v.sides.items()) == [("1", [0]), ("2", [1])]
+                assert all(f"opposite_groups_pair.py:{n}" in v.summary for n in (38, 39, 41, 42)), v.summary
+    with open(os.path.join(FIX, "bug", "divergence.json")) as f:
+        written = json.load(f)
+    assert written["deviants"] == [0, 1] and written["basis"] == "queued"
+
+
+def test_the_real_correct_job_is_never_a_cycle_whatever_looks_are_compared():
+    pubs = _pubs("ok")
+    for p0 in pubs[0]:
+        for p1 in pubs[1]:
+            for me, mine in ((0, p0), (1, p1)):
+                assert queued_cycle(me, mine, {0: p0, 1: p1}.get, _both("ok")) is None
+
+
+def test_a_busy_rank_or_no_list_is_no_cycle():
+    pubs = _pubs("bug")
+    p0, p1 = pubs[0][0], dict(pubs[1][0], quiet=False)
+    assert queued_cycle(0, p0, {0: p0, 1: p1}.get, _both("bug")) is None
+    assert queued_cycle(0, p0, {0: p0, 1: {"quiet": True}}.get, _both("bug")) is None
+    garbled = dict(pubs[1][0], h={"q": [["2", "3"], "x", None]})
+    assert queued_cycle(0, p0, {0: p0, 1: garbled}.get, _both("bug")) is None
+
+
+CALLS = st.lists(st.tuples(st.sampled_from("123"), st.integers(0, 50)), min_size=2, max_size=40, unique=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(CALLS, st.data())
+def test_subsequences_of_one_issue_order_never_invert(order, data):
+    """Ranks that issued the same calls in one order list subsequences of it (what they saw
+    completed differs): never an inversion."""
+    def sub():
+        keep = data.draw(st.lists(st.booleans(), min_size=len(order), max_size=len(order)))
+        return [[g, i, "all_reduce", "x.py:1"] for (g, i), k in zip(order, keep) if k]
+
+    assert _inversion(sub(), sub()) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(CALLS, st.data())
+def test_two_calls_swapped_on_one_rank_are_the_inversion(order, data):
+    i = data.draw(st.integers(0, len(order) - 2))
+    j = data.draw(st.integers(i + 1, len(order) - 1))
+    swapped = list(order)
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    mine = [[g, n, "all_reduce", "x.py:1"] for g, n in order]
+    theirs = [[g, n, "all_reduce", "x.py:1"] for g, n in swapped]
+    hit = _inversion(mine, theirs)
+    assert hit is not None
+    x, y = hit
+    assert mine.index(x) < mine.index(y) and theirs.index(x) > theirs.index(y)
+
+
+class _Ring:
+    def __init__(self, entries):
+        self.ring = entries
+
+
+def _rec(seq, stream, state="issued", async_op=False):
+    # the recorder's tuple: seq, op, group, shapes, dtypes, root, peer, async, site, stream, phase, t0, t1, state
+    return (seq, "all_reduce", ("1", (0, 1)), ((8,),), ("float32",), None, None, async_op, None, stream, None, 0.0, None, state)
+
+
+def test_head_lists_the_calls_not_seen_completed_on_the_newest_calls_stream():
+    done = _rec(0, "default", "completed")
+    a, b, side, asynchronous = _rec(1, "default"), _rec(2, "default"), _rec(3, "side"), _rec(4, "default", async_op=True)
+    c = _rec(5, "default")
+    groups = {"1": _Ring([(0, 0, 0, done), (1, 0, 0, a), (2, 0, 0, side)]), "2": _Ring([(0, 0, 0, b), (1, 0, 0, asynchronous), (2, 0, 0, c)])}
+
+    def describe(r):
+        return (f"call{r[0]}", f"x.py:{r[0]}")
+
+    h = head([done, a, b, side, asynchronous, c], groups, describe)
+    assert h == {"q": [["1", 1, "call1", "x.py:1"], ["2", 0, "call2", "x.py:2"], ["2", 2, "call5", "x.py:5"]]}
+    assert head([done, a, side], groups, describe) is None  # one call on the newest call's stream
+    assert head([_rec(9, None), _rec(10, None)], groups, describe) is None  # CPU calls: never queued on a GPU
+    many = [_rec(k, "default") for k in range(40)]
+    rings = {"1": _Ring([(k, 0, 0, r) for k, r in enumerate(many)])}
+    assert [x[1] for x in head(many, rings, describe)["q"]] == list(range(40 - QUEUED, 40))
