@@ -164,6 +164,7 @@ def main() -> int:
     _stats("new sig", early, "no early")
     dist.destroy_process_group()
     _fork_hook(args.rounds)
+    _p2p_hook(args.rounds)
 
 
 def _fork_hook(rounds: int) -> None:
@@ -217,6 +218,43 @@ def _fork_hook(rounds: int) -> None:
           f"{noted[-1]['held'] if noted else None})")
     _stats("fork   ", res, "paused")
     return 0
+
+
+def _p2p_hook(rounds: int) -> None:
+    """6. the point-to-point hook, which numbers each message of a pair in a ring
+    (hangdoc.runtime.detect_queue), against the same hook counting per peer only (as before it)."""
+    import gc
+
+    from hangdoc.runtime import detect_digest
+
+    def counts_only(d: "detect_digest.Digests"):
+        sent, received, count, last_p2p = d.sent, d.received, d.p2p_n, d.last_p2p
+
+        def hook_p2p(op, peer, rec):
+            if type(peer) is not int:
+                return
+            counts = received if op in detect_digest._RECEIVES else sent
+            counts[peer] = counts.get(peer, 0) + 1
+            count[0] += 1
+            last_p2p[0] = rec
+
+        return hook_p2p
+
+    rec = (0, "send", None, (), (), None, 1, False, None, None, None, 0.0, None, "issued")
+    n = 200_000
+    res: dict = {"counts": [], "numbered": []}
+    gc.disable()
+    for _ in range(rounds):
+        for how in res:
+            d = detect_digest.Digests()
+            hook = counts_only(d) if how == "counts" else d.hook_p2p
+            t0 = time.perf_counter()
+            for _ in range(n):
+                hook("send", 1, rec)
+            res[how].append((time.perf_counter() - t0) / n * 1e6)
+    gc.enable()
+    print(f"point-to-point hook, {rounds} alternating rounds of {n} calls")
+    _stats("p2p hook", res, "counts")
 
 
 if __name__ == "__main__":

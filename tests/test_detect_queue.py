@@ -9,7 +9,7 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hangdoc.runtime.detect_queue import QUEUED, _inversion, head, queued_cycle
+from hangdoc.runtime.detect_queue import QUEUED, _cycle, _inversion, head, queued_cycle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "fixtures", "detect", "gpu-queue")
@@ -44,6 +44,29 @@ def test_the_real_opposite_order_is_found_from_either_rank_at_every_look():
     assert written["deviants"] == [0, 1] and written["basis"] == "queued"
 
 
+def test_the_real_pipeline_skip_names_the_rank_that_broke_its_loop_from_either_rank():
+    """rank 1 skipped the all_reduce of step 3: rank 0's all_reduce #3 and the send of message #4
+    wait on its GPU, rank 1's receive of message #4 and its all_reduce #3 (really step 4's) on its."""
+    pubs = _pubs("pp")
+    for p0 in pubs[0]:
+        for p1 in pubs[1]:
+            for me, mine in ((0, p0), (1, p1)):
+                v = queued_cycle(me, mine, {0: p0, 1: p1}.get, _both("pp"))
+                assert v is not None and v.deviants == [1] and v.agreeing == [0], (me, v.summary)
+                assert v.basis == "pattern-break"
+                assert "all_reduce([1] float32) at pp_skip_pair.py:44 (group default_pg, #3)" in v.summary
+                assert "message #4 0>1" in v.summary, v.summary
+    with open(os.path.join(FIX, "pp", "divergence.json")) as f:
+        assert json.load(f)["deviants"] == [1]
+
+
+def test_without_the_loop_break_the_pipeline_cycle_names_both_ranks():
+    pubs = _pubs("pp")
+    p0, p1 = pubs[0][0], {k: v for k, v in pubs[1][0].items() if k != "qbrk"}
+    v = queued_cycle(0, p0, {0: p0, 1: p1}.get, _both("pp"))
+    assert v.deviants == [0, 1] and v.basis == "queued" and "cycle" in v.summary
+
+
 def test_the_real_correct_job_is_never_a_cycle_whatever_looks_are_compared():
     pubs = _pubs("ok")
     for p0 in pubs[0]:
@@ -61,7 +84,8 @@ def test_a_busy_rank_or_no_list_is_no_cycle():
     assert queued_cycle(0, p0, {0: p0, 1: garbled}.get, _both("bug")) is None
 
 
-CALLS = st.lists(st.tuples(st.sampled_from("123"), st.integers(0, 50)), min_size=2, max_size=40, unique=True)
+CALLS = st.lists(st.tuples(st.sampled_from(["1", "2", "3", "p2p:0>1", "p2p:1>0"]), st.integers(0, 50)),
+                 min_size=2, max_size=40, unique=True)
 
 
 @settings(max_examples=200, deadline=None)
@@ -73,7 +97,10 @@ def test_subsequences_of_one_issue_order_never_invert(order, data):
         keep = data.draw(st.lists(st.booleans(), min_size=len(order), max_size=len(order)))
         return [[g, i, "all_reduce", "x.py:1"] for (g, i), k in zip(order, keep) if k]
 
-    assert _inversion(sub(), sub()) is None
+    a, b, c = sub(), sub(), sub()
+    assert _inversion(a, b) is None
+    # nor do three ranks' lists close a cycle of any length through the calls they share
+    assert _cycle({0: a, 1: b, 2: c}, [(x[0], x[1]) for x in a + b + c]) is None
 
 
 @settings(max_examples=200, deadline=None)

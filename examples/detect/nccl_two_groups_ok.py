@@ -1,7 +1,8 @@
 """A correct NCCL job for ``--detect`` to stay silent on: two groups used in the same order on every
-rank, while the host often goes quiet with collectives still queued on the GPU.
+rank, and a pipeline exchange, while the host often goes quiet with calls still queued on the GPU.
 
-Every step all_reduces on group A, then on group B, then (every ``PAUSE_EVERY`` steps) keeps the GPU
+Every step exchanges a tensor between the ranks of each pair (r, r ^ 1: the lower one sends first,
+then receives), all_reduces on group A, then on group B, then (every ``PAUSE_EVERY`` steps) keeps the GPU
 busy for ``GPU_BUSY_MS`` and sleeps the host for ``HOST_SLEEP_S`` without waiting for the GPU: the
 detector sees the rank quiet with calls not yet completed, as in a deadlock, but in one order on
 every rank. Some steps also issue an ``async_op=True`` pair (waited for later) and an all_reduce on
@@ -37,6 +38,14 @@ def main():
     for step in range(STEPS):
         if step % PAUSE_EVERY == PAUSE_EVERY - 1:
             torch.cuda._sleep(int(GPU_BUSY_MS * cycles_per_ms))  # the GPU is busy: later calls queue
+        peer = dist.get_rank() ^ 1
+        if peer < world:  # a pipeline's exchange, in the order both sides agree on
+            if dist.get_rank() < peer:
+                dist.send(a, dst=peer)
+                dist.recv(b[:8], src=peer)
+            else:
+                dist.recv(b[:8], src=peer)
+                dist.send(a, dst=peer)
         dist.all_reduce(a, group=group_a)
         dist.all_reduce(b, group=group_b)
         if step % 7 == 3:  # both asynchronous, then waited for

@@ -123,8 +123,9 @@ class Detector:
         from hangdoc.runtime import detect_fork
 
         self._fork_watch = detect_fork.Watch()
-        #: (calls issued when it was computed, this rank's loop break) (see _own_break)
-        self._brk: Tuple[int, Optional[Dict[str, Any]]] = (-1, None)
+        #: (calls issued when computed, {queued: this rank's loop break, over the last RECENT calls or,
+        #: for detect_queue, the last QUEUED}) (see _own_break)
+        self._brk: Tuple[int, Dict[bool, Optional[Dict[str, Any]]]] = (-1, {})
         #: (calls issued, when, this rank's queue head) (see _queue_head)
         self._head: Tuple[int, float, Optional[Dict[str, Any]]] = (-1, 0.0, None)
         self._stop = threading.Event()
@@ -247,9 +248,12 @@ class Detector:
             brk = self._own_break()
             if brk is not None:
                 out["brk"] = brk
-            h = self._queue_head()  # its oldest call still on the GPU, with others queued behind (detect_queue)
+            h = self._queue_head()  # the calls still on its GPU stream, in order (detect_queue)
             if h is not None:
                 out["h"] = h
+                qbrk = self._own_break(queued=True)
+                if qbrk is not None:
+                    out["qbrk"] = qbrk
         if self._ending:
             out["end"] = True
         return out
@@ -273,15 +277,19 @@ class Detector:
             return node.claim(detect_fork.verdict(node.rank, forked, self.digests, self._describe), now)
         return None
 
-    def _own_break(self) -> Optional[Dict[str, Any]]:
-        from hangdoc.runtime import detect_pattern, recorder
+    def _own_break(self, queued: bool = False) -> Optional[Dict[str, Any]]:
+        from hangdoc.runtime import detect_pattern, detect_queue, recorder
 
         total = self.digests.total()
         if self._brk[0] != total:
+            self._brk = (total, {})
+        found = self._brk[1]
+        if queued not in found:
             r = recorder.get()
             records = list(r._buf) if r is not None else []  # one C-level copy: consistent
-            self._brk = (total, detect_pattern.own_break(records, self._describe))
-        return self._brk[1]
+            found[queued] = detect_pattern.own_break(records, self._describe,
+                                                     detect_queue.QUEUED if queued else detect_pattern.RECENT)
+        return found[queued]
 
     def _queue_head(self) -> Optional[Dict[str, Any]]:
         from hangdoc.runtime import detect_queue, recorder
@@ -292,7 +300,8 @@ class Detector:
         now, total = time.monotonic(), self.digests.total()
         if self._head[0] != total or now - self._head[1] >= 1.0:
             r._bounded(r._sweep)  # non-blocking queries on a thread of their own, 1 s at most
-            self._head = (total, now, detect_queue.head(r._resolved(), self.digests.groups, self._describe))
+            self._head = (total, now, detect_queue.head(r._resolved(), self.digests.groups, self._describe,
+                                                        self.node.rank if self.node else None, self.digests.p2p_ring))
         return self._head[2]
 
     def _describe(self, rec: tuple) -> Tuple[str, str]:

@@ -109,6 +109,10 @@ class Digests:
         self.received: Dict[int, int] = {}
         self.p2p_n: List[int] = [0]
         self.last_p2p: List[Optional[tuple]] = [None]
+        #: the latest RING point-to-point calls, (record, its number among this rank's calls in that
+        #: direction with that peer) at [call count & (RING - 1)]: which message of the pair a call is
+        #: (hangdoc.runtime.detect_queue reads it; NCCL pairs a pair's k-th send with its k-th receive)
+        self.p2p_ring: List[Optional[Tuple[tuple, int]]] = [None] * RING
         #: [called (in the calling thread) after a collective whose signature this rank had never
         #: issued was recorded, or None] (see hangdoc.runtime.detect.Detector._early)
         self.on_new: List[Optional[Callable[[], None]]] = [None]
@@ -158,14 +162,18 @@ class Digests:
         return hook
 
     def _make_hook_p2p(self) -> Callable[..., None]:
-        sent, received, count, last_p2p = self.sent, self.received, self.p2p_n, self.last_p2p
+        sent, received, count, last_p2p, ring = self.sent, self.received, self.p2p_n, self.last_p2p, self.p2p_ring
+        rmask = RING - 1
 
         def hook_p2p(op: str, peer: Any, rec: tuple) -> None:
             if type(peer) is not int:
                 return
             counts = received if op in _RECEIVES else sent
-            counts[peer] = counts.get(peer, 0) + 1
-            count[0] += 1
+            k = counts.get(peer, 0)
+            counts[peer] = k + 1
+            n = count[0]
+            ring[n & rmask] = (rec, k)
+            count[0] = n + 1
             last_p2p[0] = rec
 
         return hook_p2p

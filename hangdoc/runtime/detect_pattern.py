@@ -44,15 +44,15 @@ SEEN = 2
 READ = 64
 
 
-def pattern_break(keys: Sequence[Any]) -> Optional[Tuple[int, int]]:
+def pattern_break(keys: Sequence[Any], recent: int = RECENT) -> Optional[Tuple[int, int]]:
     """(index in ``keys`` of the call that broke the loop, index of the call that always followed
-    its predecessor before) for the latest break among the last RECENT transitions; None if none."""
+    its predecessor before) for the latest break among the last ``recent`` transitions; None if none."""
     n = len(keys)
     first_at: Dict[Tuple[Any, Any], int] = {}
     for i in range(1, n):
         first_at.setdefault((keys[i - 1], keys[i]), i)
     found = None
-    for i in range(max(1, n - RECENT), n):
+    for i in range(max(1, n - recent), n):
         a, b = keys[i - 1], keys[i]
         if first_at.get((a, b)) != i:
             continue  # this succession happened before: not a break
@@ -78,11 +78,13 @@ def _key(rec: tuple) -> Any:
     return (rec[1], site)
 
 
-def own_break(records: Sequence[tuple], describe: Callable[[tuple], Tuple[str, str]]) -> Optional[Dict[str, Any]]:
+def own_break(records: Sequence[tuple], describe: Callable[[tuple], Tuple[str, str]],
+              recent: int = RECENT) -> Optional[Dict[str, Any]]:
     """What a quiet rank publishes as ``brk`` from the tail of its recorder's records: the call that
-    broke its loop, the call before it and the one that always came there ([call, site] each)."""
+    broke its loop, the call before it and the one that always came there ([call, site] each), among
+    its last ``recent`` calls (``qbrk``, further back: hangdoc.runtime.detect_queue)."""
     recs = [r for r in records[-HISTORY:] if r[8] is not None]
-    hit = pattern_break([_key(r) for r in recs])
+    hit = pattern_break([_key(r) for r in recs], recent)
     if hit is None:
         return None
     i, usual = hit

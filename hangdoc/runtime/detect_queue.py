@@ -1,20 +1,34 @@
-"""Calls queued behind each other on a GPU stream: two groups entered in opposite orders under NCCL.
+"""Calls queued behind each other on GPU streams: deadlocks that NCCL leaves to the GPUs.
 
-With NCCL no collective blocks the host: a rank issues group A's all_reduce and then group B's,
-and both wait on its GPU, B's behind A's (torch makes the caller's stream wait for each synchronous
-collective, and the next one start after that stream). When another rank issued B's first, each
-GPU's first call waits for the other GPU's second: a deadlock, while every rank has issued every
-call, the per-group digests agree, and no rank waits in a call on the host
-(``examples/bugs/opposite_groups_pair.py`` on 2 x H200; :mod:`hangdoc.runtime.detect_groups` finds
-the same bug on gloo, where the second call is never issued).
+With NCCL no synchronous collective, send or receive blocks the host: a rank issues its calls and
+they wait on its GPU, each behind the one before it on the stream (torch makes the caller's stream
+wait for each synchronous call, and the next one start after that stream). So a deadlock leaves
+every rank having issued every call, the per-group digests agreeing, and no rank waiting in a call
+on the host. Two forms, on 2 x H200:
 
-A quiet rank publishes ``h``: the collectives on its GPU stream that the recorder has not seen
-completed, in the order it issued them (the newest :data:`QUEUED`; the recorder sees a call completed
-only at an event or an idle stream, so calls that did complete may be listed too). When two ranks
-list the same two calls in opposite orders, each rank's first of them can only start once the other
-rank's second ran, which waits behind its first: neither ever completes (had they completed, they
-would not be in the lists either way). That pair of calls is the verdict. Calls made with
-``async_op=True`` (the caller decides when to wait) and calls on the CPU are never listed.
+* two groups entered in opposite orders (``examples/bugs/opposite_groups_pair.py``): rank 0 issued
+  group 1's all_reduce then group 2's, rank 1 the other way round; each GPU's first waits for the
+  other GPU's second (:mod:`hangdoc.runtime.detect_groups` finds it on gloo, where the second call
+  is never issued);
+* a skipped collective in a pipeline (``examples/bugs/pp_skip_pair.py``): rank 1 skipped an
+  all_reduce and went on to receive the next activation, which rank 0 sends only after that
+  all_reduce (:mod:`hangdoc.runtime.detect_pattern` on gloo).
+
+A quiet rank publishes ``h``: the calls on its GPU stream that the recorder has not seen completed,
+in the order it issued them (the newest :data:`QUEUED`), each named the way NCCL pairs it with its
+peers' calls: a collective by its group and its number there, a send or receive by the pair's
+direction and the message's number (``p2p:0>1`` #4: rank 0's fifth send to rank 1, rank 1's fifth
+receive from rank 0). Every rank runs its list in order, and a call completes on all its ranks
+together; so when the lists of the ranks read, taken together, order some calls in a cycle, none of
+them can ever complete. The recorder sees a call completed only at an event or an idle stream, so a
+list may hold calls that did complete: they cannot be on such a cycle (a call on it would have to
+complete before itself). Calls made with ``async_op=True`` (the caller decides when to wait) and
+calls on the CPU are never listed.
+
+Who is named: a cycle of two collectives of two groups is two groups entered in opposite orders, and
+both sides are named (or the smaller one); on a longer cycle, or one through sends and receives, the
+ranks of it that broke their loop (``qbrk``: as :mod:`hangdoc.runtime.detect_pattern`'s ``brk``, over
+the last :data:`QUEUED` calls, since the host ran on past the break), else every rank of the cycle.
 
     >>> h = lambda *calls: {"q": [[g, i, "all_reduce([8] float32)", f"x.py:{30 + i}"] for g, i in calls]}
     >>> pubs = {0: {"quiet": True, "h": h(("1", 3), ("2", 3))},
@@ -32,20 +46,27 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from hangdoc.runtime.detect_digest import RING, Verdict, partners
-from hangdoc.runtime.detect_groups import READ_FOR_SIDES, hypercube
+from hangdoc.runtime.detect_groups import READ_FOR_SIDES
 
-#: calls queued behind the head that a publication lists at most
+#: calls a publication lists at most (the newest not seen completed)
 QUEUED = 16
-#: records of the recorder's buffer looked at for the head (the newest; a head older than that is
-#: past what the digests' rings hold anyway)
+#: records of the recorder's buffer looked at (the newest; older ones are past the digests' rings)
 TAIL = RING
+#: publications read at most to follow a cycle
+READ = 64
+#: point-to-point calls named in a list (blocking ones; isend/irecv are async)
+P2P = ("send", "recv")
+P2P_PREFIX = "p2p:"
+
+Call = Tuple[str, int]
 
 
-def head(records: Sequence[tuple], groups: Dict[str, Any], describe: Callable[[tuple], Tuple[str, str]]
-         ) -> Optional[Dict[str, Any]]:
-    """``h`` for a quiet rank, from the recorder's resolved buffer (oldest first) and the digests'
-    groups (whose rings hold each collective's record by identity); None with fewer than two such calls."""
-    from hangdoc.runtime.recorder import _ASYNC, _STATE, _STREAM
+def head(records: Sequence[tuple], groups: Dict[str, Any], describe: Callable[[tuple], Tuple[str, str]],
+         rank: Optional[int] = None, p2p_ring: Sequence[Any] = ()) -> Optional[Dict[str, Any]]:
+    """``h`` for a quiet rank, from the recorder's resolved buffer (oldest first), the digests' groups
+    (whose rings hold each collective's record by identity) and their point-to-point ring (record,
+    message number); None with fewer than two such calls on the newest call's stream."""
+    from hangdoc.runtime.recorder import _ASYNC, _OP, _PEER, _STATE, _STREAM
 
     pending = [r for r in records[-TAIL:] if r[_STATE] == "issued" and r[_STREAM] is not None and not r[_ASYNC]]
     if len(pending) < 2:
@@ -55,20 +76,35 @@ def head(records: Sequence[tuple], groups: Dict[str, Any], describe: Callable[[t
     if len(mine) < 2:
         return None
     wanted = {id(r): r for r in mine}
-    where: Dict[int, Tuple[str, int]] = {}
+    where: Dict[int, Call] = {}
     for name, g in list(groups.items()):
         for e in list(g.ring):
             if e is not None and id(e[3]) in wanted and e[3] is wanted[id(e[3])]:
                 where[id(e[3])] = (name, e[0])
+    if rank is not None:
+        for e in list(p2p_ring):
+            if e is None or id(e[0]) not in wanted or e[0] is not wanted[id(e[0])]:
+                continue
+            r, k = e
+            if r[_OP] in P2P and type(r[_PEER]) is int:
+                src, dst = (r[_PEER], rank) if r[_OP] == "recv" else (rank, r[_PEER])
+                where[id(r)] = (f"{P2P_PREFIX}{src}>{dst}", k)
     queued = [[*where[id(r)], *describe(r)] for r in mine if id(r) in where]
     return {"q": queued} if len(queued) >= 2 else None
 
 
-Call = Tuple[str, int]
+def members(name: str, ranks_of: Callable[[str], Sequence[int]]) -> List[int]:
+    """The ranks of a listed call: a group's members, or a pair's two ranks."""
+    if name.startswith(P2P_PREFIX):
+        try:
+            return [int(x) for x in name[len(P2P_PREFIX):].split(">", 1)]
+        except ValueError:
+            return []
+    return list(ranks_of(name))
 
 
 def _calls(pub: Optional[Dict[str, Any]]) -> Optional[List[List[Any]]]:
-    """A quiet publication's listed calls, [group, index, call, site] each, or None."""
+    """A quiet publication's listed calls, [name, number, call, site] each, or None."""
     h = (pub or {}).get("h") if (pub or {}).get("quiet") else None
     q = h.get("q") if isinstance(h, dict) else None
     if not isinstance(q, list):
@@ -76,6 +112,76 @@ def _calls(pub: Optional[Dict[str, Any]]) -> Optional[List[List[Any]]]:
     out = [x[:4] for x in q[:QUEUED] if isinstance(x, list) and len(x) >= 4 and isinstance(x[0], str)
            and type(x[1]) is int]
     return out if len(out) >= 2 else None
+
+
+def _cycle(lists: Dict[int, List[List[Any]]], start: List[Call]) -> Optional[List[Tuple[Call, int]]]:
+    """A cycle of calls through the ranks' orders, as [(call, the rank whose list leads from it to the
+    next call of the cycle)], through the earliest of ``start`` that is on one (the first calls that
+    can never complete; later cycles are their consequence); None if none."""
+    edges: Dict[Call, List[Tuple[Call, int]]] = {}
+    for r, calls in sorted(lists.items()):
+        for a, b in zip(calls, calls[1:]):
+            edges.setdefault((a[0], a[1]), []).append(((b[0], b[1]), r))
+    for first in start:
+        # depth first from ``first`` back to it; each call is entered once per start
+        path: List[Tuple[Call, int]] = []
+        seen = {first}
+        stack = [iter(edges.get(first, ()))]
+        nodes = [first]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                nodes.pop()
+                if path:
+                    path.pop()
+                continue
+            nxt, r = step
+            if nxt == first:
+                return path + [(nodes[-1], r)]
+            if nxt in seen:
+                continue
+            seen.add(nxt)
+            path.append((nodes[-1], r))
+            nodes.append(nxt)
+            stack.append(iter(edges.get(nxt, ())))
+    return None
+
+
+def queued_cycle(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
+                 ranks_of: Callable[[str], Sequence[int]]) -> Optional[Verdict]:
+    """The cycle of queued calls this quiet rank's calls are on (see the module), as a verdict."""
+    calls = _calls(mine)
+    if calls is None:
+        return None
+    lists: Dict[int, List[List[Any]]] = {me: calls}
+    pubs: Dict[int, Dict[str, Any]] = {me: mine}
+    todo = [me]
+    while todo and len(pubs) < READ:  # the ranks of the calls listed, and of theirs, breadth first
+        r = todo.pop(0)
+        for name in dict.fromkeys(x[0] for x in lists[r]):
+            for q in members(name, ranks_of):
+                if q in pubs or len(pubs) >= READ:
+                    continue
+                p = pub_of(q)
+                pubs[q] = p or {}
+                got = _calls(p)
+                if got is not None:
+                    lists[q] = got
+                    todo.append(q)
+    mine_c = _collectives(calls)
+    for q, theirs in sorted(lists.items()):
+        hit = _inversion(mine_c, _collectives(theirs)) if q != me else None
+        if hit is not None:  # two groups' collectives in opposite orders: the two sides
+            return _sides(me, q, hit, lists, pub_of, ranks_of)
+    cycle = _cycle(lists, [(x[0], x[1]) for x in calls])
+    if cycle is None:
+        return None
+    return _verdict(cycle, lists, pubs)
+
+
+def _collectives(calls: List[List[Any]]) -> List[List[Any]]:
+    return [x for x in calls if not x[0].startswith(P2P_PREFIX)]
 
 
 def _inversion(mine: List[List[Any]], theirs: List[List[Any]]) -> Optional[Tuple[List[Any], List[Any]]]:
@@ -93,6 +199,47 @@ def _inversion(mine: List[List[Any]], theirs: List[List[Any]]) -> Optional[Tuple
     return None
 
 
+def _entry(lists: Dict[int, List[List[Any]]], r: int, c: Call) -> List[Any]:
+    return next(x for x in lists[r] if (x[0], x[1]) == c)
+
+
+def _verdict(cycle: List[Tuple[Call, int]], lists: Dict[int, List[List[Any]]], pubs: Dict[int, Dict[str, Any]]) -> Verdict:
+    """A cycle through sends and receives, or through more than two calls: the ranks on it that broke
+    their loop, else all of them."""
+    from hangdoc.ranges import describe_ranks
+
+    ranks = sorted({r for _, r in cycle})
+    steps = "; ".join(f"rank {r}: {_entry(lists, r, c)[2]} at {_entry(lists, r, c)[3]} ({_name(c)}) before "
+                      f"{_entry(lists, r, n)[2]} at {_entry(lists, r, n)[3]} ({_name(n)})"
+                      for (c, r), (n, _) in zip(cycle, cycle[1:] + cycle[:1]))
+    broke = sorted(r for r in ranks if isinstance(pubs.get(r, {}).get("qbrk"), dict))
+    first = _entry(lists, cycle[0][1], cycle[0][0])
+    if broke and len(broke) < len(ranks):
+        brk = pubs[broke[0]]["qbrk"]
+        try:
+            at, after, usual = ([str(x) for x in brk[k][:2]] for k in ("at", "after", "usual"))
+        except (KeyError, TypeError, IndexError):
+            at = after = usual = None
+        if at is not None:
+            v = Verdict("default_pg", 0, True, broke, [r for r in ranks if r not in broke], [None] + at + [None],
+                        [None] + usual + [None], "pattern-break")
+            v.text = (f"{describe_ranks(broke)} broke {'its loop' if len(broke) == 1 else 'their loops'}: after "
+                      f"{after[0]} at {after[1]} came {at[0]} at {at[1]} where every earlier iteration issued "
+                      f"{usual[0]} at {usual[1]} (a skipped call); the calls queued on the GPUs of "
+                      f"{describe_ranks(ranks)} now wait on each other in a cycle that none can leave: {steps}")
+            return v
+    v = Verdict(first[0], first[1], True, ranks, [], [None, first[2], first[3], None], None, "queued")
+    v.text = (f"the calls queued on the GPUs of {describe_ranks(ranks)} wait on each other in a cycle that none can "
+              f"leave: {steps}")
+    return v
+
+
+def _name(c: Call) -> str:
+    if c[0].startswith(P2P_PREFIX):
+        return f"message #{c[1]} {c[0][len(P2P_PREFIX):]}"
+    return f"group {c[0]}, #{c[1]}"
+
+
 def _order(calls: Optional[List[List[Any]]], a: Call, b: Call) -> Optional[bool]:
     """True when ``calls`` lists ``a`` before ``b``, False when after, None when not both."""
     keys = [(x[0], x[1]) for x in calls or ()]
@@ -101,55 +248,34 @@ def _order(calls: Optional[List[List[Any]]], a: Call, b: Call) -> Optional[bool]
     return None
 
 
-def queued_cycle(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
-                 ranks_of: Callable[[str], Sequence[int]]) -> Optional[Verdict]:
-    """Two calls this quiet rank and another list in opposite orders (see the module), as a verdict."""
-    calls = _calls(mine)
-    if calls is None:
-        return None
-    looked = set()
-    for name in dict.fromkeys(x[0] for x in calls):
-        for q in hypercube(me, list(ranks_of(name))):
-            if q in looked:
-                continue
-            looked.add(q)
-            theirs = _calls(pub_of(q))
-            hit = _inversion(calls, theirs) if theirs else None
-            if hit is not None:
-                at = {(c[0], c[1]): c for c in theirs or ()}
-                return _verdict(me, hit, (at[(hit[1][0], hit[1][1])], at[(hit[0][0], hit[0][1])]), pub_of, ranks_of)
-    return None
-
-
-def _verdict(me: int, hit: Tuple[List[Any], List[Any]], other: Tuple[List[Any], List[Any]],
-             pub_of: Callable[[int], Optional[Dict[str, Any]]], ranks_of: Callable[[str], Sequence[int]]) -> Verdict:
-    """``hit``: the two calls as this rank issued them; ``other``: the same two as the other side did
-    (its own call sites), in its order."""
-    x, y = hit
-    a_key, b_key = (x[0], x[1]), (y[0], y[1])
-    first: List[int] = [me]  # x then y, as this rank issued them
-    then: List[int] = []  # y then x
-    union = sorted(set(ranks_of(x[0])) | set(ranks_of(y[0])) | {me})
+def _sides(me: int, q: int, hit: Tuple[List[Any], List[Any]], lists: Dict[int, List[List[Any]]],
+           pub_of: Callable[[int], Optional[Dict[str, Any]]], ranks_of: Callable[[str], Sequence[int]]) -> Verdict:
+    """Two collectives of two groups, issued in opposite orders by the two sides (``hit``: the two as
+    this rank issued them; rank ``q`` issued them the other way round)."""
+    (c1, c2), r1, r2 = ((hit[0][0], hit[0][1]), (hit[1][0], hit[1][1])), me, q
+    first: List[int] = []  # c1 then c2
+    then: List[int] = []
+    union = sorted(set(ranks_of(c1[0])) | set(ranks_of(c2[0])) | {me})
     for r in partners(me, union, extra=READ_FOR_SIDES):
-        if r == me:
-            continue
-        o = _order(_calls(pub_of(r)), a_key, b_key)
+        o = _order(lists.get(r) if r in lists else _calls(pub_of(r)), c1, c2)
         if o is True:
             first.append(r)
         elif o is False:
             then.append(r)
-    a, b = sorted(first), sorted(then)
+    a, b = sorted(set(first) | {r1}), sorted(set(then) | {r2})
     if len(a) == len(b):
         deviants, agreeing = sorted(a + b), []
     else:
         deviants, agreeing = (a, b) if len(a) < len(b) else (b, a)
-    entry_x, entry_y = [None, x[2], x[3], None], [None, y[2], y[3], None]
+    x, y = _entry(lists, r1, c1), _entry(lists, r1, c2)
+    ox, oy = _entry(lists, r2, c2), _entry(lists, r2, c1)
     odd_first = deviants == a
-    v = Verdict(y[0] if odd_first else x[0], y[1] if odd_first else x[1], True, deviants, agreeing,
-                entry_x if odd_first else entry_y, entry_y if odd_first else entry_x, "queued")
-    v.other_group = x[0] if odd_first else y[0]
-    v.sides = {x[0]: a, y[0]: b} if x[0] != y[0] else None  # group -> the ranks whose first call is in it
-    v.text = summary(a, b, x, y, other, agreeing)
+    v = Verdict(c2[0] if odd_first else c1[0], c2[1] if odd_first else c1[1], True, deviants, agreeing,
+                [None, x[2], x[3], None] if odd_first else [None, ox[2], ox[3], None],
+                [None, ox[2], ox[3], None] if odd_first else [None, x[2], x[3], None], "queued")
+    v.other_group = c1[0] if odd_first else c2[0]
+    v.sides = {c1[0]: a, c2[0]: b}
+    v.text = summary(a, b, x, y, (ox, oy), agreeing)
     return v
 
 
