@@ -96,3 +96,4 @@ def test_plain_py_spy_dumps_of_the_bug_name_the_rank_that_left(fix):
     assert "'heartbeat' at heartbeat (exception_thread.py:28)" in head["summary"], head
     # rank 1 is no longer read as blocked outside any collective
     assert not any(f["kind"] == "collective-mismatch" for f in rest), rest
+

@@ -15,6 +15,7 @@ The rules, in the order they look at a job:
 * ``dataloader-stall``: a rank waits for a batch while others wait in collectives (for it);
 * ``p2p-cycle`` (peers known from ``--locals`` and waiting on each other in a cycle) and
   ``p2p-stall`` (a chain of waits that ends at a rank not sending/receiving, or peers unknown);
+  ranks in a collective beside ranks in send/recv with peers unknown (``mixed_stacks``);
 * ``collective-mismatch``: ranks in different collectives, the same collective from different
   call sites, or blocked outside any collective while the others wait in one;
 * ``collective-wait``: every rank in the same collective at the same place (the hang is below
@@ -61,6 +62,7 @@ from hangdoc.model import (
     Report,
 )
 from hangdoc.analysis.ended_stacks import EndedRules
+from hangdoc.analysis.mixed_stacks import MixedRules
 from hangdoc.analysis.p2p_stacks import P2PRules
 from hangdoc.analysis.stack_words import _RECORDS_ADVICE, _cap, _culprits, _procs, _s, _sorted, who
 from hangdoc.ranges import MAX_LISTED, RankSet
@@ -175,7 +177,7 @@ def _count(buckets: Iterable[_Bucket]) -> int:
 
 
 
-class _Analysis(P2PRules, EndedRules):
+class _Analysis(P2PRules, EndedRules, MixedRules):
     def __init__(self, report: Report) -> None:
         self.report = report
         self.out: List[Finding] = []
@@ -251,6 +253,7 @@ class _Analysis(P2PRules, EndedRules):
         explained |= self.ended()
         if not self.dataloader_stall():
             self.p2p()
+            self.mixed()
             self.collectives(explained)
         if not self.out:
             self.no_hang()
