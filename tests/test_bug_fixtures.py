@@ -50,6 +50,6 @@ def test_with_the_console_log_the_failed_rank_is_the_headline(name):
 
 # NCCL (4 GPUs, tests/fixtures/bugs_nccl/README.md): every call is issued on the host, and two groups
 # entered in opposite orders deadlock on each rank's CUDA stream
-@pytest.mark.parametrize("name", ["group_order", "opposite_groups", "tp_pp_skip", "opposite_groups_pair"])
+@pytest.mark.parametrize("name", ["group_order", "opposite_groups", "tp_pp_skip", "opposite_groups_pair", "pp_skip_pair"])
 def test_on_nccl_calls_queued_behind_each_other_on_a_stream_name_the_culprits(name):
     assert judged(name, with_log=False, fix=os.path.join(HERE, "fixtures", "bugs_nccl")) == "RIGHT"

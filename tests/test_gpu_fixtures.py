@@ -262,9 +262,12 @@ def test_exact_dataloader_records_agree_with_the_stacks(run):
 SAMPLED = os.path.join(RUN1, "hangdoc-run-sampled")
 
 
-def test_sampled_records_alone_lose_the_pipeline_cycle():
-    kind, _, _, _ = verdict(os.path.join(SAMPLED, "nccl_pipeline_cycle", "records"))
-    assert kind == "no-hang"  # every p2p call reads issued: no first pending recv per rank
+def test_sampled_records_alone_find_the_pipeline_cycle_by_the_order_of_calls():
+    # every p2p call reads issued, so there is no first pending recv per rank to follow (the verdict
+    # was "no-hang"); the order each rank queued them in is a cycle (hangdoc.analysis.stream_order)
+    kind, ranks, _, summary = verdict(os.path.join(SAMPLED, "nccl_pipeline_cycle", "records"))
+    assert kind == "p2p-cycle" and set(ranks) == {0, 1}, summary
+    assert "nccl_pipeline_cycle.py:22" in summary and "message #3 1>0" in summary
 
 
 @pytest.mark.parametrize("scenario, kind, stuck", [

@@ -21,6 +21,7 @@ RULES: List[str] = [
     "hangdoc.analysis.record_rules:findings",
     "hangdoc.analysis.log_rules:findings",
     "hangdoc.analysis.fatal_rules:findings",
+    "hangdoc.analysis.stream_order:findings",
 ]
 
 
@@ -35,6 +36,7 @@ _ORIGIN = {
     "hangdoc.analysis.record_rules:findings": "collective records",
     "hangdoc.analysis.log_rules:findings": "console logs",
     "hangdoc.analysis.fatal_rules:findings": "a fatal stack and the records",
+    "hangdoc.analysis.stream_order:findings": "collective records",
 }
 #: kinds whose culprits add up across rules (each rule names processes the other did not see).
 _ADDITIVE = frozenset({"missing-rank", "unresponsive-process"})

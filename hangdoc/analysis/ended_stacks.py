@@ -22,7 +22,7 @@ _shutdown``), or in native frames ``wait_for_thread_shutdown`` with no Python fr
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 from hangdoc.analysis.signatures import DISTRIBUTED
 from hangdoc.analysis.stack_words import _culprits, _procs, _s

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from hangdoc import order_cycles
 from hangdoc.runtime.detect_digest import RING, Verdict, partners
 from hangdoc.runtime.detect_groups import READ_FOR_SIDES
 
@@ -115,37 +116,8 @@ def _calls(pub: Optional[Dict[str, Any]]) -> Optional[List[List[Any]]]:
 
 
 def _cycle(lists: Dict[int, List[List[Any]]], start: List[Call]) -> Optional[List[Tuple[Call, int]]]:
-    """A cycle of calls through the ranks' orders, as [(call, the rank whose list leads from it to the
-    next call of the cycle)], through the earliest of ``start`` that is on one (the first calls that
-    can never complete; later cycles are their consequence); None if none."""
-    edges: Dict[Call, List[Tuple[Call, int]]] = {}
-    for r, calls in sorted(lists.items()):
-        for a, b in zip(calls, calls[1:]):
-            edges.setdefault((a[0], a[1]), []).append(((b[0], b[1]), r))
-    for first in start:
-        # depth first from ``first`` back to it; each call is entered once per start
-        path: List[Tuple[Call, int]] = []
-        seen = {first}
-        stack = [iter(edges.get(first, ()))]
-        nodes = [first]
-        while stack:
-            step = next(stack[-1], None)
-            if step is None:
-                stack.pop()
-                nodes.pop()
-                if path:
-                    path.pop()
-                continue
-            nxt, r = step
-            if nxt == first:
-                return path + [(nodes[-1], r)]
-            if nxt in seen:
-                continue
-            seen.add(nxt)
-            path.append((nodes[-1], r))
-            nodes.append(nxt)
-            stack.append(iter(edges.get(nxt, ())))
-    return None
+    """:func:`hangdoc.order_cycles.cycle` over the calls' keys (name, number)."""
+    return order_cycles.cycle({r: [(x[0], x[1]) for x in calls] for r, calls in lists.items()}, start)  # type: ignore[return-value]
 
 
 def queued_cycle(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
@@ -186,17 +158,11 @@ def _collectives(calls: List[List[Any]]) -> List[List[Any]]:
 
 def _inversion(mine: List[List[Any]], theirs: List[List[Any]]) -> Optional[Tuple[List[Any], List[Any]]]:
     """Two calls both lists hold, in opposite orders: (the first of them in ``mine``, the second)."""
-    pos = {(x[0], x[1]): k for k, x in enumerate(theirs)}
-    seen: List[Tuple[int, List[Any]]] = []
-    for x in mine:
-        k = pos.get((x[0], x[1]))
-        if k is None:
-            continue
-        for k0, x0 in seen:
-            if k0 > k:
-                return x0, x
-        seen.append((k, x))
-    return None
+    hit = order_cycles.inversion([(x[0], x[1]) for x in mine], [(x[0], x[1]) for x in theirs])
+    if hit is None:
+        return None
+    at = {(x[0], x[1]): x for x in mine}
+    return at[hit[0]], at[hit[1]]
 
 
 def _entry(lists: Dict[int, List[List[Any]]], r: int, c: Call) -> List[Any]:

@@ -1,0 +1,70 @@
+"""Calls that several ranks issued in orders no execution can satisfy (pure; both sides use it).
+
+Each rank runs the calls it queued on one GPU stream in the order it issued them, and a collective
+(or a send with its receive) completes on all its ranks together. So when the ranks' orders, taken
+together, put some calls in a cycle (rank 0: A before B; rank 1: B before A), none of them can ever
+complete: each would have to complete before itself. A call is any hashable key that names the
+same call on every rank that takes part in it (a group and the call's number there; a pair's
+direction and the message's number). :mod:`hangdoc.runtime.detect_queue` reads the lists ranks
+publish while the job runs, :mod:`hangdoc.analysis.stream_order` the collective records after it.
+
+    >>> cycle({0: ["A", "B"], 1: ["B", "A"]}, ["A", "B"])
+    [('A', 0), ('B', 1)]
+    >>> cycle({0: ["A", "B", "C"], 1: ["A", "C"], 2: ["B", "C"]}, ["A"]) is None
+    True
+    >>> inversion(["A", "B", "C"], ["C", "B"])
+    ('B', 'C')
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+
+def cycle(lists: Dict[int, Sequence[Hashable]], start: Sequence[Hashable]) -> Optional[List[Tuple[Hashable, int]]]:
+    """A cycle through the ranks' orders, as [(call, the rank whose list leads from it to the next
+    call of the cycle)], through the earliest of ``start`` on one (the first calls that can never
+    complete; later cycles are their consequence); None if none. Depth first, each call entered
+    once per start: O(starts x edges)."""
+    edges: Dict[Hashable, List[Tuple[Hashable, int]]] = {}
+    for r, calls in sorted(lists.items()):
+        for a, b in zip(calls, calls[1:]):
+            edges.setdefault(a, []).append((b, r))
+    for first in start:
+        path: List[Tuple[Hashable, int]] = []
+        seen = {first}
+        stack = [iter(edges.get(first, ()))]
+        nodes = [first]
+        while stack:
+            step = next(stack[-1], None)
+            if step is None:
+                stack.pop()
+                nodes.pop()
+                if path:
+                    path.pop()
+                continue
+            nxt, r = step
+            if nxt == first:
+                return path + [(nodes[-1], r)]
+            if nxt in seen:
+                continue
+            seen.add(nxt)
+            path.append((nodes[-1], r))
+            nodes.append(nxt)
+            stack.append(iter(edges.get(nxt, ())))
+    return None
+
+
+def inversion(mine: Sequence[Hashable], theirs: Sequence[Hashable]) -> Optional[Tuple[Hashable, Hashable]]:
+    """Two calls both lists hold, in opposite orders: (the first of them in ``mine``, the second)."""
+    pos = {x: k for k, x in enumerate(theirs)}
+    seen: List[Tuple[int, Hashable]] = []
+    for x in mine:
+        k = pos.get(x)
+        if k is None:
+            continue
+        for k0, x0 in seen:
+            if k0 > k:
+                return x0, x
+        seen.append((k, x))
+    return None
