@@ -174,7 +174,9 @@ def findings(report: Report) -> List[Finding]:
             culprits = ranks
             summary = (f"the calls queued on the GPUs of {describe_ranks(ranks)} wait on each other in a cycle that "
                        f"none can leave: {steps[0]} …")
-    return [Finding(kind, summary, [Culprit(rank=r) for r in culprits], evidence, advice, CONFIDENCE)]
+    ident = {x.rank: (x.host, x.pid) for x in records}
+    return [Finding(kind, summary, [Culprit(host=ident[r][0], pid=ident[r][1], rank=r) for r in culprits], evidence,
+                    advice, CONFIDENCE)]
 
 
 def _name(k: Hashable) -> str:
