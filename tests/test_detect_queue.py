@@ -144,3 +144,20 @@ def test_head_lists_the_calls_not_seen_completed_on_the_newest_calls_stream():
     many = [_rec(k, "default") for k in range(40)]
     rings = {"1": _Ring([(k, 0, 0, r) for k, r in enumerate(many)])}
     assert [x[1] for x in head(many, rings, describe)["q"]] == list(range(40 - QUEUED, 40))
+
+
+def test_a_cycle_of_sends_and_receives_only_is_a_p2p_cycle_of_its_ranks():
+    """Both stages receive first (the schedule of examples/gpu's nccl_pipeline_cycle): every rank on
+    the cycle, whatever loop it broke."""
+    def pub(*calls, brk=False):
+        out = {"quiet": True, "h": {"q": [[n, i, op, f"pipe.py:{20 + i}"] for n, i, op in calls]}}
+        if brk:
+            out["qbrk"] = {"at": ["recv", "pipe.py:22"], "after": ["send", "pipe.py:23"], "usual": ["send", "pipe.py:19"]}
+        return out
+
+    pubs = {0: pub(("p2p:1>0", 3, "recv"), ("p2p:0>1", 3, "send"), brk=True),
+            1: pub(("p2p:0>1", 3, "recv"), ("p2p:1>0", 3, "send"))}
+    for me in (0, 1):
+        v = queued_cycle(me, pubs[me], pubs.get, lambda name: (0, 1))
+        assert v.kind == "p2p-cycle" and v.deviants == [0, 1], v.summary
+        assert "message #3 1>0" in v.summary and "message #3 0>1" in v.summary

@@ -26,8 +26,9 @@ complete before itself). Calls made with ``async_op=True`` (the caller decides w
 calls on the CPU are never listed.
 
 Who is named: a cycle of two collectives of two groups is two groups entered in opposite orders, and
-both sides are named (or the smaller one); on a longer cycle, or one through sends and receives, the
-ranks of it that broke their loop (``qbrk``: as :mod:`hangdoc.runtime.detect_pattern`'s ``brk``, over
+both sides are named (or the smaller one); a cycle of sends and receives only is a ``p2p-cycle`` of
+every rank on it; on a longer cycle through collectives and sends or receives, the ranks of it that
+broke their loop (``qbrk``: as :mod:`hangdoc.runtime.detect_pattern`'s ``brk``, over
 the last :data:`QUEUED` calls, since the host ran on past the break), else every rank of the cycle.
 
     >>> h = lambda *calls: {"q": [[g, i, "all_reduce([8] float32)", f"x.py:{30 + i}"] for g, i in calls]}
@@ -180,6 +181,13 @@ def _verdict(cycle: List[Tuple[Call, int]], lists: Dict[int, List[List[Any]]], p
                       for (c, r), (n, _) in zip(cycle, cycle[1:] + cycle[:1]))
     broke = sorted(r for r in ranks if isinstance(pubs.get(r, {}).get("qbrk"), dict))
     first = _entry(lists, cycle[0][1], cycle[0][0])
+    if all(c[0].startswith(P2P_PREFIX) for c, _ in cycle):
+        # sends and receives only: a receive cycle of the pipeline's schedule, every rank on it
+        v = Verdict(first[0], first[1], True, ranks, [], [None, first[2], first[3], None], None, "queued")
+        v.kind = "p2p-cycle"
+        v.text = (f"the sends and receives queued on the GPUs of {describe_ranks(ranks)} wait on each other in a "
+                  f"cycle that none can leave: {steps}")
+        return v
     if broke and len(broke) < len(ranks):
         brk = pubs[broke[0]]["qbrk"]
         try:
