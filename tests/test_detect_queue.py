@@ -1,6 +1,6 @@
-"""Calls queued behind each other on a GPU stream (hangdoc.runtime.detect_queue): two groups entered in
-opposite orders under NCCL, from the detector's real publications on 2 x H200
-(tests/fixtures/detect/gpu-queue/README.md), and the rule's invariants."""
+"""Calls queued behind each other on GPU streams (hangdoc.runtime.detect_queue): two groups entered in
+opposite orders and a pipeline stage that skipped a collective under NCCL, from the detector's real
+publications on 2 x H200 (tests/fixtures/detect/gpu-queue/README.md), and the rule's invariants."""
 
 import glob
 import json
@@ -25,8 +25,9 @@ def _pubs(kind):
     return out
 
 
-def _both(kind):
-    return lambda name: (0, 1)
+def _both(name):
+    """The members of every group of these two-rank jobs."""
+    return (0, 1)
 
 
 def test_the_real_opposite_order_is_found_from_either_rank_at_every_look():
@@ -34,7 +35,7 @@ def test_the_real_opposite_order_is_found_from_either_rank_at_every_look():
     for p0 in pubs[0]:
         for p1 in pubs[1]:
             for me, mine in ((0, p0), (1, p1)):
-                v = queued_cycle(me, mine, {0: p0, 1: p1}.get, _both("bug"))
+                v = queued_cycle(me, mine, {0: p0, 1: p1}.get, _both)
                 assert v is not None and v.deviants == [0, 1] and v.agreeing == [], (me, v)
                 assert v.basis == "queued" and v.kind == "collective-mismatch"
                 assert sorted(v.sides.items()) == [("1", [0]), ("2", [1])]
@@ -51,7 +52,7 @@ def test_the_real_pipeline_skip_names_the_rank_that_broke_its_loop_from_either_r
     for p0 in pubs[0]:
         for p1 in pubs[1]:
             for me, mine in ((0, p0), (1, p1)):
-                v = queued_cycle(me, mine, {0: p0, 1: p1}.get, _both("pp"))
+                v = queued_cycle(me, mine, {0: p0, 1: p1}.get, _both)
                 assert v is not None and v.deviants == [1] and v.agreeing == [0], (me, v.summary)
                 assert v.basis == "pattern-break"
                 assert "all_reduce([1] float32) at pp_skip_pair.py:44 (group default_pg, #3)" in v.summary
@@ -63,7 +64,7 @@ def test_the_real_pipeline_skip_names_the_rank_that_broke_its_loop_from_either_r
 def test_without_the_loop_break_the_pipeline_cycle_names_both_ranks():
     pubs = _pubs("pp")
     p0, p1 = pubs[0][0], {k: v for k, v in pubs[1][0].items() if k != "qbrk"}
-    v = queued_cycle(0, p0, {0: p0, 1: p1}.get, _both("pp"))
+    v = queued_cycle(0, p0, {0: p0, 1: p1}.get, _both)
     assert v.deviants == [0, 1] and v.basis == "queued" and "cycle" in v.summary
 
 
@@ -72,16 +73,16 @@ def test_the_real_correct_job_is_never_a_cycle_whatever_looks_are_compared():
     for p0 in pubs[0]:
         for p1 in pubs[1]:
             for me, mine in ((0, p0), (1, p1)):
-                assert queued_cycle(me, mine, {0: p0, 1: p1}.get, _both("ok")) is None
+                assert queued_cycle(me, mine, {0: p0, 1: p1}.get, _both) is None
 
 
 def test_a_busy_rank_or_no_list_is_no_cycle():
     pubs = _pubs("bug")
     p0, p1 = pubs[0][0], dict(pubs[1][0], quiet=False)
-    assert queued_cycle(0, p0, {0: p0, 1: p1}.get, _both("bug")) is None
-    assert queued_cycle(0, p0, {0: p0, 1: {"quiet": True}}.get, _both("bug")) is None
+    assert queued_cycle(0, p0, {0: p0, 1: p1}.get, _both) is None
+    assert queued_cycle(0, p0, {0: p0, 1: {"quiet": True}}.get, _both) is None
     garbled = dict(pubs[1][0], h={"q": [["2", "3"], "x", None]})
-    assert queued_cycle(0, p0, {0: p0, 1: garbled}.get, _both("bug")) is None
+    assert queued_cycle(0, p0, {0: p0, 1: garbled}.get, _both) is None
 
 
 CALLS = st.lists(st.tuples(st.sampled_from(["1", "2", "3", "p2p:0>1", "p2p:1>0"]), st.integers(0, 50)),
