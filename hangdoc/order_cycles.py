@@ -21,16 +21,68 @@ from __future__ import annotations
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 
+def _components(edges: Dict[Hashable, List[Tuple[Hashable, int]]]) -> Dict[Hashable, int]:
+    """Each call's strongly connected component (Tarjan's, iterative): O(calls + edges)."""
+    index: Dict[Hashable, int] = {}
+    low: Dict[Hashable, int] = {}
+    comp: Dict[Hashable, int] = {}
+    stack: List[Hashable] = []
+    on_stack = set()
+    counter = 0
+    for root in list(edges):
+        if root in index:
+            continue
+        work = [(root, iter(edges.get(root, ())))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            step = next(it, None)
+            if step is not None:
+                nxt = step[0]
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(edges.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    comp[x] = index[node]
+                    if x == node:
+                        break
+    return comp
+
+
 def cycle(lists: Dict[int, Sequence[Hashable]], start: Sequence[Hashable]) -> Optional[List[Tuple[Hashable, int]]]:
     """A cycle through the ranks' orders, as [(call, the rank whose list leads from it to the next
     call of the cycle)], through the earliest of ``start`` on one (the first calls that can never
-    complete; later cycles are their consequence); None if none. Depth first, each call entered
-    once per start: O(starts x edges)."""
+    complete; later cycles are their consequence); None if none. The calls on cycles are found first
+    (strongly connected components), then one search inside the component of the earliest start on
+    one: O(calls + edges) in all."""
     edges: Dict[Hashable, List[Tuple[Hashable, int]]] = {}
     for r, calls in sorted(lists.items()):
         for a, b in zip(calls, calls[1:]):
             edges.setdefault(a, []).append((b, r))
+    comp = _components(edges)
+    sizes: Dict[int, int] = {}
+    for c in comp.values():
+        sizes[c] = sizes.get(c, 0) + 1
     for first in start:
+        c = comp.get(first)
+        if c is None or sizes[c] < 2:
+            continue
         path: List[Tuple[Hashable, int]] = []
         seen = {first}
         stack = [iter(edges.get(first, ()))]
@@ -46,7 +98,7 @@ def cycle(lists: Dict[int, Sequence[Hashable]], start: Sequence[Hashable]) -> Op
             nxt, r = step
             if nxt == first:
                 return path + [(nodes[-1], r)]
-            if nxt in seen:
+            if nxt in seen or comp.get(nxt) != c:
                 continue
             seen.add(nxt)
             path.append((nodes[-1], r))

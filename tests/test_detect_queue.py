@@ -120,8 +120,15 @@ def test_two_calls_swapped_on_one_rank_are_the_inversion(order, data):
 
 
 class _Ring:
+    """A digests group: its ring (entries at their index modulo RING) and its call count."""
+
     def __init__(self, entries):
-        self.ring = entries
+        from hangdoc.runtime.detect_digest import RING
+
+        self.ring = [None] * RING
+        for e in entries:
+            self.ring[e[0] % RING] = e
+        self.n = max(e[0] for e in entries) + 1
 
 
 def _rec(seq, stream, state="issued", async_op=False):

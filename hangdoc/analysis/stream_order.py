@@ -106,11 +106,9 @@ def cycle_of(records: List[CollectiveRecord]) -> Optional[Tuple[List[Tuple[Hasha
     """The first cycle of the ranks' lists (from the lowest rank's earliest call on one), the lists
     and their records; None if none."""
     lists, where = _lists(records)
-    for rank in sorted(lists):
-        found = order_cycles.cycle(lists, lists[rank])  # type: ignore[arg-type]
-        if found is not None:
-            return found, lists, where
-    return None
+    start = list(dict.fromkeys(k for rank in sorted(lists) for k in lists[rank]))
+    found = order_cycles.cycle(lists, start)  # type: ignore[arg-type]
+    return (found, lists, where) if found is not None else None
 
 
 def findings(report: Report) -> List[Finding]:

@@ -54,6 +54,9 @@ from hangdoc.runtime.detect_groups import READ_FOR_SIDES
 QUEUED = 16
 #: records of the recorder's buffer looked at (the newest; older ones are past the digests' rings)
 TAIL = RING
+#: calls of each group's ring looked at for a listed call (its newest): a job with hundreds of
+#: groups costs hundreds of short scans, not hundreds of whole rings, once a second while quiet
+SCAN = 512
 #: publications read at most to follow a cycle
 READ = 64
 #: point-to-point calls named in a list (blocking ones; isend/irecv are async)
@@ -79,8 +82,11 @@ def head(records: Sequence[tuple], groups: Dict[str, Any], describe: Callable[[t
         return None
     wanted = {id(r): r for r in mine}
     where: Dict[int, Call] = {}
+    mask = RING - 1
     for name, g in list(groups.items()):
-        for e in list(g.ring):
+        ring, n = g.ring, g.n
+        for i in range(n - 1, max(-1, n - 1 - SCAN), -1):  # the group's newest calls only
+            e = ring[i & mask]
             if e is not None and id(e[3]) in wanted and e[3] is wanted[id(e[3])]:
                 where[id(e[3])] = (name, e[0])
     if rank is not None:
