@@ -20,6 +20,30 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
+#: how both sides name a send/receive call: ``p2p:SRC>DST`` with the message's number as the index
+P2P_PREFIX = "p2p:"
+
+
+def p2p_key(src: int, dst: int) -> str:
+    """The name of the pair's calls from ``src`` to ``dst`` (its k-th send, the peer's k-th receive)."""
+    return f"{P2P_PREFIX}{src}>{dst}"
+
+
+def is_p2p(name: object) -> bool:
+    return str(name).startswith(P2P_PREFIX)
+
+
+def call_name(call: Tuple[str, int]) -> str:
+    """``group 1, #3`` for a collective, ``message #4 0>1`` for a send/receive.
+
+    >>> call_name(("1", 3)), call_name((p2p_key(0, 1), 4))
+    ('group 1, #3', 'message #4 0>1')
+    """
+    name, n = call
+    if is_p2p(name):
+        return f"message #{n} {str(name)[len(P2P_PREFIX):]}"
+    return f"group {name}, #{n}"
+
 
 def _components(edges: Dict[Hashable, List[Tuple[Hashable, int]]]) -> Dict[Hashable, int]:
     """Each call's strongly connected component (Tarjan's, iterative): O(calls + edges)."""

@@ -76,7 +76,7 @@ def _lists(records: List[CollectiveRecord]) -> Tuple[Dict[int, List[Key]], Dict[
                 send = r.op in _SENDS
                 k = p2p.get((send, r.peer), 0)
                 p2p[(send, r.peer)] = k + 1
-                name = f"p2p:{rank}>{r.peer}" if send else f"p2p:{r.peer}>{rank}"
+                name = order_cycles.p2p_key(rank, r.peer) if send else order_cycles.p2p_key(r.peer, rank)
                 if r.op in _P2P_SYNC:
                     keyed.append(((name, k), r))
             else:
@@ -133,7 +133,7 @@ def findings(report: Report) -> List[Finding]:
     advice = ["With NCCL the hosts issue every call at once and hang later, at a sync or at exit: the calls "
               "named here are where the GPUs stopped, not where the stacks are."]
     kind = "collective-mismatch"
-    if all(str(k[0]).startswith("p2p:") for k in calls):
+    if all(order_cycles.is_p2p(k[0]) for k in calls):
         # sends and receives only: a receive cycle of the pipeline's schedule, every rank on it
         kind, culprits = "p2p-cycle", ranks
         cut = {r: max(rec(r, k).seq for k, rr in cyc if rr == r) for r in ranks}
@@ -143,7 +143,7 @@ def findings(report: Report) -> List[Finding]:
         evidence += [breaks[r].summary for r in sorted(breaks)]
         advice.append("Order each pair's sends and receives the same way on both sides (one sends first, the other "
                       "receives first), or post them together with batch_isend_irecv.")
-    elif len(cyc) == 2 and not any(str(k[0]).startswith("p2p:") for k in calls):
+    elif len(cyc) == 2 and not any(order_cycles.is_p2p(k[0]) for k in calls):
         (c1, r1), (c2, r2) = cyc
         first = sorted(q for q, lst in lists.items() if c1 in lst and c2 in lst and lst.index(c1) < lst.index(c2))
         then = sorted(q for q, lst in lists.items() if c1 in lst and c2 in lst and lst.index(c2) < lst.index(c1))
@@ -177,8 +177,4 @@ def findings(report: Report) -> List[Finding]:
                     advice, CONFIDENCE)]
 
 
-def _name(k: Hashable) -> str:
-    name, n = k  # type: ignore[misc]
-    if str(name).startswith("p2p:"):
-        return f"message #{n} {str(name)[4:]}"
-    return f"group {name}, #{n}"
+_name = order_cycles.call_name

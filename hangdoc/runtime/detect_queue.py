@@ -61,7 +61,7 @@ SCAN = 512
 READ = 64
 #: point-to-point calls named in a list (blocking ones; isend/irecv are async)
 P2P = ("send", "recv")
-P2P_PREFIX = "p2p:"
+P2P_PREFIX = order_cycles.P2P_PREFIX
 
 Call = Tuple[str, int]
 
@@ -96,7 +96,7 @@ def head(records: Sequence[tuple], groups: Dict[str, Any], describe: Callable[[t
             r, k = e
             if r[_OP] in P2P and type(r[_PEER]) is int:
                 src, dst = (r[_PEER], rank) if r[_OP] == "recv" else (rank, r[_PEER])
-                where[id(r)] = (f"{P2P_PREFIX}{src}>{dst}", k)
+                where[id(r)] = (order_cycles.p2p_key(src, dst), k)
     queued = [[*where[id(r)], *describe(r)] for r in mine if id(r) in where]
     return {"q": queued} if len(queued) >= 2 else None
 
@@ -214,10 +214,7 @@ def _verdict(cycle: List[Tuple[Call, int]], lists: Dict[int, List[List[Any]]], p
     return v
 
 
-def _name(c: Call) -> str:
-    if c[0].startswith(P2P_PREFIX):
-        return f"message #{c[1]} {c[0][len(P2P_PREFIX):]}"
-    return f"group {c[0]}, #{c[1]}"
+_name = order_cycles.call_name
 
 
 def _order(calls: Optional[List[List[Any]]], a: Call, b: Call) -> Optional[bool]:
