@@ -16,6 +16,7 @@ kills it by pid and by its own process group.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 from typing import Dict, List, Tuple
@@ -105,8 +106,44 @@ def alive(pid: int) -> bool:
         return False
 
 
+#: ports handed out by :func:`free_port` in this process: never twice, though free again
+_given: set = set()
+
+
+def _ephemeral_range() -> Tuple[int, int]:
+    """The kernel's range for ports bound to 0 and for outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", "rb") as f:
+            low, high = (int(x) for x in f.read(64).split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on the loopback interface that was free a moment ago."""
-    with socket.socket() as s:
+    """A TCP port on the loopback interface that was free a moment ago, from below the kernel's
+    ephemeral range: a port the kernel chose (``bind(0)``) is the next one some rank's outgoing
+    connection or gloo's listener may take before the launcher binds it (``EADDRINUSE`` with
+    several jobs at a time); the ports below it are only ever taken on purpose. Random, so that
+    processes running jobs side by side rarely try the same one; never the same twice here.
+
+        >>> a, b = free_port(), free_port()
+        >>> a != b and 1024 < a < 65536
+        True
+    """
+    low, _ = _ephemeral_range()
+    start = 10000 if low > 12000 else 1024
+    for _ in range(200 if low - start > 1000 else 0):
+        port = random.randint(start, low - 1)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    with socket.socket() as s:  # a range set to cover (nearly) everything: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

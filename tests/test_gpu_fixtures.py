@@ -285,7 +285,7 @@ def test_flight_recorder_refines_sampled_records(scenario, kind, stuck):
 
 def test_refinement_never_contradicts_exact_records():
     # run 2 had an event per call: Flight Recorder agrees with every state it can pair
-    from hangdoc.analysis.sequence import refine_states
+    from hangdoc.analysis.refine import refine_states
 
     for scenario in ("nccl_skip_broadcast", "nccl_pipeline_cycle", "nccl_dataloader_deadlock"):
         job = read_paths([run2(scenario, "records"), run2(scenario, "fr")])

@@ -1,7 +1,7 @@
 """The offline side's analysis: a :class:`~hangdoc.model.Job` in, a :class:`~hangdoc.model.Report` out.
 
 Each stage is a function of the model; :func:`analyse` runs them in order: completion states
-reconciled across sources (``sequence.refine_states``), grouping and the merged tree
+reconciled across sources (``refine.refine_states``), grouping and the merged tree
 (``grouping``), then the rules (``diagnose``).
 """
 
@@ -19,7 +19,7 @@ def analyse(job: Job, granularity: str = "function+line") -> Report:
     """
     from hangdoc.analysis.diagnose import diagnose
     from hangdoc.analysis.grouping import build_report
-    from hangdoc.analysis.sequence import refine_states
+    from hangdoc.analysis.refine import refine_states
 
     refine_states(job.records)  # Flight Recorder's completion states refine hangdoc's
     report = build_report(job, granularity=granularity)

@@ -124,54 +124,6 @@ def one_origin(records: Iterable[CollectiveRecord]) -> List[CollectiveRecord]:
     return [r for r in records if len(origins[r.rank]) == 1 or r.origin == "hangdoc"]
 
 
-def refine_states(records: Iterable[CollectiveRecord], window: int = 256) -> int:
-    """Upgrade hangdoc records still read ``issued`` to ``completed`` where the same rank's Flight
-    Recorder dump saw the same call complete; returns how many changed (in place).
-
-    Flight Recorder tracks completion in C++ from the backend's own events, at no Python cost;
-    hangdoc's recorder spaces its CUDA events in time (HANGDOC_CUDA_EVENT_GAP_MS), so the last
-    records of a burst that hung mid-way can read issued though they ran. Per rank
-    and group the two are aligned from the newest call back: each hangdoc record is paired with
-    the newest not yet paired Flight Recorder entry of the same op, shapes and peer (Flight
-    Recorder also holds calls hangdoc never saw, such as DDP's gradient all_reduces). Pairing with
-    a newer twin than the true one can only leave a record issued (work in one group completes
-    in order), never complete one that did not run; a record is never downgraded.
-
-        >>> from hangdoc.model import CollectiveRecord as R
-        >>> mine = R(rank=0, seq=0, op="send", peer=1, shapes=((4,),))
-        >>> fr = R(rank=0, seq=0, op="send", peer=1, shapes=((4,),), state="completed", origin="flight-recorder")
-        >>> refine_states([mine, fr]), mine.state
-        (1, 'completed')
-    """
-    per: Dict[Tuple[int, str, str], List[CollectiveRecord]] = defaultdict(list)
-    for r in records:
-        per[(r.rank, r.group, r.origin)].append(r)
-    changed = 0
-    for (rank, group, origin), mine in per.items():
-        if origin != "hangdoc" or not any(r.state == "issued" for r in mine):
-            continue
-        theirs = per.get((rank, group, "flight-recorder"))
-        if not theirs:
-            continue
-        mine = sorted(mine, key=lambda r: r.seq)
-        theirs = sorted(theirs, key=lambda r: r.seq)
-        j = len(theirs) - 1
-        for rec in reversed(mine):
-            key = (rec.op, tuple(rec.shapes), rec.peer)
-            for k in range(j, max(-1, j - window), -1):
-                t = theirs[k]
-                if (t.op, tuple(t.shapes), t.peer) == key:
-                    if rec.state == "issued" and t.state == "completed":
-                        rec.state = "completed"
-                        rec.time_completed = rec.time_completed or t.time_completed
-                        changed += 1
-                    j = k - 1
-                    break
-            if j < 0:
-                break
-    return changed
-
-
 def _by_group(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, List[CollectiveRecord]]]:
     groups: Dict[str, Dict[int, List[CollectiveRecord]]] = defaultdict(lambda: defaultdict(list))
     for r in one_origin(records):

@@ -819,7 +819,7 @@ def flight_recorder_on() -> bool:
 
 
 def _refine_from_flight_recorder(records: List[Any]) -> int:
-    """Lift records Flight Recorder saw complete (see hangdoc.analysis.sequence.refine_states):
+    """Lift records Flight Recorder saw complete (see hangdoc.analysis.refine):
     the recorder's CUDA events are spaced in time, and Flight Recorder's C++ bookkeeping makes
     the calls after the last completed event exact at a dump. Reads this process's buffer only (no collective, no sync); never raises."""
     if not records or not flight_recorder_on():
@@ -828,7 +828,7 @@ def _refine_from_flight_recorder(records: List[Any]) -> int:
         c10d = sys.modules.get("torch._C._distributed_c10d")
         if c10d is None:
             return 0
-        from hangdoc.analysis.sequence import refine_states
+        from hangdoc.analysis.refine import refine_states
         from hangdoc.readers import flight_recorder
 
         theirs: List[Any] = []
