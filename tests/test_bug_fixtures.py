@@ -53,3 +53,25 @@ def test_with_the_console_log_the_failed_rank_is_the_headline(name):
 @pytest.mark.parametrize("name", ["group_order", "opposite_groups", "tp_pp_skip", "opposite_groups_pair", "pp_skip_pair"])
 def test_on_nccl_calls_queued_behind_each_other_on_a_stream_name_the_culprits(name):
     assert judged(name, with_log=False, fix=os.path.join(HERE, "fixtures", "bugs_nccl")) == "RIGHT"
+
+
+# 4 x H200 at 40b1b49 (tests/fixtures/bugs_nccl_x4/README.md): the records' states in stream order
+def test_on_nccl_the_pipeline_skip_is_named_right_with_true_states():
+    assert judged("pp_skip_pair", with_log=False, fix=os.path.join(HERE, "fixtures", "bugs_nccl_x4")) == "RIGHT"
+
+
+@pytest.mark.parametrize("fix,name,skipped", [
+    ("bugs_nccl_x4", "pp_skip_pair", "all_reduce (pp_skip_pair.py:44)"),
+    ("bugs_nccl", "pp_skip_pair", "all_reduce at pp_skip_pair.py:44"),
+    ("bugs_nccl", "tp_pp_skip", "all_reduce (tp_pp_skip.py:48)"),
+    ("bugs", "tp_pp_skip", "all_reduce (tp_pp_skip.py:48)"),
+])
+def test_the_headline_names_the_skipped_call(fix, name, skipped):
+    """The culprit alone is not enough: the headline names the call its loop skipped, where the
+    user looks. On NCCL the host issued several more steps after the skip."""
+    d = os.path.join(HERE, "fixtures", fix, name, "output")
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json", d],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    head = json.loads(r.stdout)["findings"][0]["summary"]
+    assert skipped in head, head

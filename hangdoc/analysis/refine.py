@@ -36,8 +36,8 @@ def refine_states(records: Iterable[CollectiveRecord], window: int = 256) -> int
     in order), never complete one that did not run; a record is never downgraded.
 
     The same order holds after: a synchronous call on a CUDA stream runs after every call queued
-    there before it, so an upgrade that would leave an earlier call of the same rank and stream
-    issued is a pairing the evidence contradicts, and is undone.
+    there before it, so an upgrade behind an earlier call of the same rank and stream that Flight
+    Recorder itself saw not completed is a pairing the evidence contradicts, and is undone.
 
         >>> from hangdoc.model import CollectiveRecord as R
         >>> mine = R(rank=0, seq=0, op="send", peer=1, shapes=((4,),))
@@ -50,6 +50,7 @@ def refine_states(records: Iterable[CollectiveRecord], window: int = 256) -> int
     for r in records:
         per[(r.rank, r.group, r.origin)].append(r)
     lifted: List[Tuple[CollectiveRecord, object]] = []
+    unfinished = set()  # ids of hangdoc records whose Flight Recorder twin is not completed either
     for (rank, group, origin), mine in per.items():
         if origin != "hangdoc" or not any(r.state == "issued" for r in mine):
             continue
@@ -68,18 +69,21 @@ def refine_states(records: Iterable[CollectiveRecord], window: int = 256) -> int
                         lifted.append((rec, rec.time_completed))
                         rec.state = "completed"
                         rec.time_completed = rec.time_completed or t.time_completed
+                    elif rec.state == "issued":
+                        unfinished.add(id(rec))
                     j = k - 1
                     break
             if j < 0:
                 break
-    if lifted:
-        _undo_out_of_order(records, lifted)
+    if lifted and unfinished:
+        _undo_out_of_order(records, lifted, unfinished)
     return sum(1 for rec, _ in lifted if rec.state == "completed")
 
 
-def _undo_out_of_order(records: List[CollectiveRecord], lifted: List[Tuple[CollectiveRecord, object]]) -> None:
-    """Undo the upgrades of synchronous CUDA calls that come after a call still issued on the same
-    rank and stream (hangdoc's records only, in issue order)."""
+def _undo_out_of_order(records: List[CollectiveRecord], lifted: List[Tuple[CollectiveRecord, object]],
+                       unfinished: set) -> None:
+    """Undo the upgrades of synchronous CUDA calls that come after a call of the same rank and
+    stream that neither hangdoc nor Flight Recorder saw complete (hangdoc's records, in issue order)."""
     before = {id(rec): t1 for rec, t1 in lifted}
     lanes: Dict[Tuple[int, str], List[CollectiveRecord]] = defaultdict(list)
     for r in records:
@@ -89,7 +93,7 @@ def _undo_out_of_order(records: List[CollectiveRecord], lifted: List[Tuple[Colle
         lane.sort(key=_issue_order)
         blocked = False
         for r in lane:
-            if r.state == "issued" and id(r) not in before:
+            if id(r) in unfinished:
                 blocked = True
             elif blocked and id(r) in before and r.state == "completed":
                 r.state, r.time_completed = "issued", before[id(r)]
