@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hangdoc.analysis.grouping import build_report
 from hangdoc.model import Culprit, Finding, Frame, Job, ParseError, Process, Source, Thread
 from hangdoc.renderers import RenderOptions, render, treeview
-from hangdoc.renderers import html as html_renderer
+from hangdoc.renderers import html as html_renderer, html_text
 
 C10D = "torch/distributed/distributed_c10d.py"
 ENGINE = "deepspeed/runtime/pipe/engine.py"
@@ -273,7 +273,7 @@ def test_arbitrary_dump_strings_never_become_markup(function, file, host, summar
     report.findings = [Finding("collective-wait", summary, culprits=[Culprit(host, 1, 0)], evidence=[function], advice=[file])]
     page = render(report, "html", RenderOptions())
     t = assert_only_our_markup(page)
-    clean = html_renderer._CONTROL.sub("\ufffd", function)
+    clean = html_text._CONTROL.sub("\ufffd", function)
     assert clean in t.text  # the stack list shows the name whole, as one text node
     svg = page[page.index("<svg"):page.index("</svg>") + 6]
     ET.fromstring(svg)
