@@ -19,11 +19,7 @@ the same timeout. Inactive unless a test uses the mark or the fixtures. See docs
 
 from __future__ import annotations
 
-import glob
-import json
 import os
-import re
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 
 from hangdoc.testing import child as _child
+from hangdoc.testing.launch import child_command, child_env, run_dir_for
+from hangdoc.testing.evidence import crash_text, hang_text, print_outputs, read_records, take_hang_evidence
 
 DEFAULT_TIMEOUT = 60.0
 #: how long ranks may take to get from spawn to the test's setup (imports, collection).
@@ -81,8 +79,6 @@ _SAVED_FIXTURES = pytest.StashKey[Sequence[str]]()
 #: how the failure's crash line (``--tb=line``, the ``-r`` summary) should read: (path, lineno,
 #: message), None for what pytest found, or a callable that rewrites pytest's message.
 _CRASH_KEY = pytest.StashKey[Any]()
-#: the pytest options that shape a traceback, passed on to the rank processes.
-REPORT_OPTIONS = ("tbstyle", "showlocals", "fulltrace", "verbose")
 
 
 def _spec(item: pytest.Item) -> Optional[Spec]:
@@ -412,7 +408,7 @@ def _test_location(item: pytest.Item):
 def _run_processes(item: pytest.Function, spec: Spec) -> None:
     from hangdoc.testing.procs import RankProcesses
 
-    run_dir = _run_dir(item)
+    run_dir = run_dir_for(item)
     store = None
     store_addr = ""
     if spec.backend == "gloo":
@@ -424,15 +420,15 @@ def _run_processes(item: pytest.Function, spec: Spec) -> None:
         store = dist.TCPStore("127.0.0.1", 0, spec.world_size, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=spec.timeout * 2 + 60))
         store_addr = f"127.0.0.1:{store.port}"
-    cmds = [_child_command(item, run_dir, r) for r in range(spec.world_size)]
-    envs = [_child_env(item, spec, r, run_dir, store_addr) for r in range(spec.world_size)]
+    cmds = [child_command(item, run_dir, r) for r in range(spec.world_size)]
+    envs = [child_env(item, spec, r, run_dir, store_addr) for r in range(spec.world_size)]
     ranks = RankProcesses(cmds, envs, log_dir=run_dir, cwd=str(item.config.invocation_params.dir), warm=True)
     hang: Optional[Dict[str, Any]] = None
     try:
         clock = _Clock(run_dir, ranks, spec.timeout)
         finished = ranks.wait(STARTUP_LIMIT + spec.timeout, until=clock.deadline)
         if not finished:
-            hang = _take_hang_evidence(ranks, run_dir, spec)
+            hang = take_hang_evidence(ranks, run_dir, spec.world_size)
             hang["started"] = clock.all_started is not None
     finally:
         ranks.kill_all()
@@ -467,135 +463,6 @@ class _Clock:
         return None
 
 
-def _run_dir(item: pytest.Item) -> str:
-    import re
-    import tempfile
-
-    name = re.sub(r"[^\w]+", "_", item.name)[:30] or "test"
-    factory = getattr(item.config, "_tmp_path_factory", None)
-    if factory is not None:
-        try:
-            return str(factory.mktemp(f"hangdoc-{name}", numbered=True))
-        except Exception:
-            pass
-    return tempfile.mkdtemp(prefix=f"hangdoc-{name}-")
-
-
-def _forwarded_args(config: pytest.Config) -> List[str]:
-    """Options of the parent's command line that decide how the rank processes collect the test."""
-    args = list(config.invocation_params.args)
-    out: List[str] = []
-    i = 0
-    takes_value = {"-p", "--import-mode", "--confcutdir", "-o", "--override-ini", "-c", "--config-file"}
-    flags = {"--noconftest"}
-    while i < len(args):
-        a = str(args[i])
-        if a in takes_value and i + 1 < len(args):
-            out += [a, str(args[i + 1])]
-            i += 2
-            continue
-        if (a.startswith("-p") and len(a) > 2 and not a.startswith("--")) or a in flags or any(
-            a.startswith(k + "=") for k in takes_value if k.startswith("--")
-        ):
-            out.append(a)
-        i += 1
-    return out
-
-
-def _child_command(item: pytest.Item, run_dir: str, rank: int) -> List[str]:
-    config = item.config
-    cmd = [sys.executable, "-m", "pytest"]
-    forwarded = _forwarded_args(config)
-    cmd += forwarded
-    # Loaded through the entry point, the rank process loads it the same way; else name it.
-    if config.pluginmanager.get_plugin("hangdoc") is None and "hangdoc.testing.plugin" not in forwarded:
-        cmd += ["-p", "hangdoc.testing.plugin"]
-    cmd += [
-        "--rootdir", str(config.rootpath),
-        "-o", "addopts=",
-        "-p", "no:cacheprovider",
-        "-p", "no:xdist",
-        "-p", "no:randomly",
-        # xfail marks are judged once, by the parent, on the merged outcome.
-        "--runxfail",
-        # The rank's output is the test's own, unbuffered into the log the parent shows.
-        "--capture=no",
-        "-p", "no:terminal",
-    ]
-    if config.inipath is not None and not any(a in ("-c", "--config-file") for a in forwarded):
-        cmd += ["-c", str(config.inipath)]
-    # Each rank its own basetemp: ranks must not rotate (delete) each other's tmp_path.
-    cmd += ["--basetemp", os.path.join(run_dir, f"tmp-r{rank}"), _node_arg(item)]
-    return cmd
-
-
-def _node_arg(item: pytest.Item) -> str:
-    """The node id with an absolute file path: the rank runs in the parent's working directory,
-    which need not be the rootdir that node ids are relative to."""
-    file_part, sep, rest = item.nodeid.partition("::")
-    path = str(item.path) if item.path is not None and sep else file_part
-    return path + sep + rest
-
-
-def _child_env(item: pytest.Item, spec: Spec, rank: int, run_dir: str, store_addr: str) -> Dict[str, Optional[str]]:
-    import hangdoc
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(hangdoc.__file__)))
-    pythonpath = os.environ.get("PYTHONPATH", "")
-    env: Dict[str, Optional[str]] = {
-        _child.ENV_RANK: str(rank),
-        _child.ENV_WORLD_SIZE: str(spec.world_size),
-        _child.ENV_BACKEND: spec.backend,
-        _child.ENV_STORE: store_addr,
-        _child.ENV_DIR: run_dir,
-        _child.ENV_NODEID: item.nodeid,
-        _child.ENV_TIMEOUT: str(spec.timeout),
-        "RANK": str(rank),
-        "WORLD_SIZE": str(spec.world_size),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(spec.world_size),
-        "PYTHONPATH": root + (os.pathsep + pythonpath if pythonpath else ""),
-        # Nothing from the parent's command line environment: no "-n 4", no "--lf" in a rank.
-        "PYTEST_ADDOPTS": "",
-        _child.ENV_REPORT: json.dumps({k: getattr(item.config.option, k) for k in REPORT_OPTIONS
-                                       if isinstance(getattr(item.config.option, k, None), (str, int, float, bool))}),
-    }
-    if store_addr:
-        env["MASTER_ADDR"], _, env["MASTER_PORT"] = store_addr.rpartition(":")
-    # A rank is not an xdist worker, nor the test run that started it.
-    for k in os.environ:
-        if k.startswith("PYTEST_XDIST_") or k == "PYTEST_CURRENT_TEST":
-            env[k] = None
-    if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = "1"  # as torchrun does: n ranks must not each spin up a thread per core
-    return env
-
-
-def _take_hang_evidence(ranks, run_dir: str, spec: Spec) -> Dict[str, Any]:
-    """Stacks (py-spy, else faulthandler from the rank's guard thread) and records of the hung ranks."""
-    from hangdoc.runtime.identity import short_hostname
-    from hangdoc.tags import format_tag
-    from hangdoc.testing.procs import pyspy_dump
-    from hangdoc.atomic import write_atomic
-
-    alive = ranks.alive()
-    ranks.request_dump(alive)
-    pids = {r: ranks.procs[r].pid for r in alive}
-    spied = pyspy_dump(list(pids.values()))
-    host = os.environ.get("HANGDOC_HOST") or short_hostname()
-    for r, pid in pids.items():
-        text = spied.get(pid)
-        if text:
-            tag = format_tag(host=host, pid=pid, rank=r, local_rank=r, world_size=spec.world_size)
-            write_atomic(os.path.join(run_dir, f"stacks-{host}-r{r}-{pid}.txt"), tag + "\n" + text)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if all(os.path.exists(os.path.join(run_dir, f"dumped-r{r}")) or ranks.procs[r].poll() is not None for r in alive):
-            break
-        time.sleep(0.05)
-    return {"alive": alive, "pids": pids, "pyspy": sorted(r for r, pid in pids.items() if pid in spied)}
-
-
 # ---------------------------------------------------------------------------------------------
 # the verdict
 
@@ -614,7 +481,7 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
             continue
         res = results[r]
         if res is None:
-            how, text = _crash_text(r, ranks.procs[r].returncode, ranks.output(r, limit=256_000))
+            how, text = crash_text(r, ranks.procs[r].returncode, ranks.output(r, limit=256_000))
             failures.append(RankFailure(r, "crashed", how, text))
             continue
         failure = _rank_failure(r, res, ranks)
@@ -637,14 +504,14 @@ def _judge(item: pytest.Item, spec: Spec, ranks, run_dir: str, hang: Optional[Di
         if ok:
             head += f"; {describe_ranks(ok)} finished"
         tbstyle = item.config.getoption("tbstyle", "auto")
-        hang_report = HangReport(head, _hang_text(run_dir, hang, ranks, fake=spec.backend == "fake")
+        hang_report = HangReport(head, hang_text(run_dir, hang, ranks, fake=spec.backend == "fake")
                                  if tbstyle not in ("no", "line") else "",
                                  # a fake group never blocks: a hung rank is stuck in its own code
                                  stopped=hung if spec.backend == "fake" else ())
 
-    records = _read_records(run_dir)
+    records = read_records(run_dir)
     crashed = [f.rank for f in failures if f.kind == "crashed"]
-    _print_outputs(ranks, [r for r in range(n) if r not in crashed])
+    print_outputs(ranks, [r for r in range(n) if r not in crashed])
     if not failures and hang is None and skipped and len(skipped) == n:
         pytest.skip(next(iter(skipped.values())))
     _fail_with(item, spec, failures, records, hang_report)
@@ -670,173 +537,3 @@ def _rank_failure(rank: int, res: Dict[str, Any], ranks):
         summary, where = next((ln for ln in texts[0].splitlines() if ln.strip()), "failed"), None
     return RankFailure(rank, "failed", summary, "\n".join(texts), where,
                        at=float((first or {}).get("at", 0.0)), when=(first or {}).get("when", "collect"))
-
-
-def _crash_text(rank: int, rc: Optional[int], output: str) -> "tuple[str, str]":
-    """(how the rank died, that and the end of its output)."""
-    if rc is not None and rc < 0:
-        try:
-            how = f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            how = f"killed by signal {-rc}"
-    else:
-        how = f"exited with status {rc}"
-    return how, f"rank {rank} {how} before reporting a result; its last output:\n{_tail(trim_output(output), 40) or '(none)'}"
-
-
-def _tail(text: str, lines: int) -> str:
-    parts = text.splitlines()
-    if len(parts) <= lines:
-        return text
-    return f"[{len(parts) - lines} earlier lines left out]\n" + "\n".join(parts[-lines:])
-
-
-#: frames of the test runner itself, below the test function: noise in a failure message.
-_RUNNER_FRAME = re.compile(r"(_pytest|pluggy|pytest)[/\\]|<frozen runpy>|hangdoc[/\\]testing[/\\]")
-
-
-def trim_output(text: str) -> str:
-    """A rank's output with pytest's and pluggy's frames cut out of faulthandler tracebacks and
-    py-spy dumps, and idle helper threads (the guard thread) left out: what is left is the user's code."""
-    out: List[str] = []
-    block: List[str] = []  # the current thread's lines, kept only if a frame is not threading plumbing
-
-    def flush() -> None:
-        frames = [ln for ln in block[1:] if ln.strip()]
-        if frames and all("threading.py" in ln or "hangdoc-testing-guard" in ln for ln in frames):
-            pass
-        elif block and "hangdoc-testing-guard" not in block[0]:
-            out.extend(block)
-        block.clear()
-
-    in_thread = False
-    for line in text.rstrip().splitlines():
-        stripped = line.strip()
-        if stripped.startswith(("Thread ", "Current thread ")):
-            flush()
-            in_thread = True
-            block.append(line)
-            continue
-        if stripped.startswith("Extension modules:") or (stripped.startswith("Process ") and "python" in stripped):
-            continue
-        if (stripped.startswith("File ") or stripped.endswith(")")) and _RUNNER_FRAME.search(stripped):
-            continue
-        if in_thread and (stripped.startswith("File ") or (stripped.endswith(")") and "(" in stripped and line.startswith(" "))):
-            block.append(line)
-            continue
-        if in_thread:
-            flush()
-            in_thread = False
-        out.append(line)
-    flush()
-    return "\n".join(out).rstrip()
-
-
-def _print_outputs(ranks, which: Sequence[int]) -> None:
-    """Each rank's output, into the parent's captured stdout (shown with the failure, or live with -s);
-    a crashed rank's output is in the failure text already."""
-    for r in which:
-        out = _tail(trim_output(ranks.output(r, limit=256_000)), 40)
-        if out:
-            sys.stdout.write(f"---- rank {r} output ----\n{out}\n")
-
-
-def _read_records(run_dir: str) -> Dict[int, List[Any]]:
-    """rank -> its records, for every rank that left a records file (a crashed rank leaves none)."""
-    import json
-
-    from hangdoc.model import CollectiveRecord, Source
-
-    try:
-        from hangdoc.readers import records as reader
-    except ImportError:
-        reader = None  # type: ignore[assignment]
-    by_rank: Dict[int, List[Any]] = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl"))):
-        try:
-            with open(path) as f:
-                header = json.loads(f.readline() or "{}")
-        except (OSError, ValueError):
-            continue
-        rank = header.get("rank")
-        if not isinstance(rank, int):
-            continue
-        if reader is not None:
-            recs = reader.read(path, Source(path))
-        else:
-            with open(path) as f:
-                recs = [CollectiveRecord.from_json(d) for d in map(json.loads, f) if "op" in d]
-        by_rank.setdefault(rank, []).extend(recs)
-    return by_rank
-
-
-def _strip_runner(job) -> None:
-    """Leave pytest's own frames (everything outside the test function) and the guard thread out
-    of the stacks, so the verdict's tree starts at the test."""
-
-    def is_guard(t) -> bool:
-        return (t.name or "") == "hangdoc-testing-guard" or any(
-            f.function == "dump_for_parent" or f.file.replace("\\", "/").endswith("hangdoc/testing/procs.py")
-            for f in t.frames)
-
-    for proc in job.processes:
-        proc.threads = [t for t in proc.threads if not is_guard(t)]
-        if proc.threads and not any(t.is_main for t in proc.threads):
-            # faulthandler marks the thread that dumped (the guard) as current: the test's is the main one
-            test = [t for t in proc.threads if any(f.function == "pytest_pyfunc_call" for f in t.frames)]
-            (test or proc.threads)[0].is_main = True
-        for t in proc.threads:
-            frames = t.frames
-            cut = max((i for i, f in enumerate(frames) if f.function == "pytest_pyfunc_call"), default=-1)
-            if cut >= 0:
-                t.frames = tuple(frames[cut + 1:])
-
-
-def _hang_text(run_dir: str, hang: Dict[str, Any], ranks, fake: bool = False) -> str:
-    """The aggregator's verdict on the hung ranks' stacks and every rank's records.
-
-    ``fake``: the fake backend completes every call at once, peers or not; a call counts as
-    completed only where every rank of its group issued it, later ones as issued (a rank that ran
-    ahead then waits for the hung one instead of issuing "extra" calls)."""
-    paths = sorted(glob.glob(os.path.join(run_dir, "collectives-*.jsonl")))
-    raw: List[str] = []
-    for r in hang["alive"]:
-        pid = hang["pids"][r]
-        spy = glob.glob(os.path.join(run_dir, f"stacks-*-r{r}-{pid}.txt"))
-        fh = glob.glob(os.path.join(run_dir, f"faulthandler-*-r{r}-{pid}.txt"))
-        chosen = spy or fh
-        paths += chosen
-        for p in chosen:
-            try:
-                with open(p) as f:
-                    raw.append(f"---- rank {r} stacks ({'py-spy' if spy else 'faulthandler'}) ----\n" + trim_output(f.read()))
-            except OSError:
-                pass
-    from hangdoc.ranges import describe_ranks
-
-    spied = hang["pyspy"]
-    others = [r for r in hang["alive"] if r not in spied]
-    how = "; ".join(
-        f"{describe_ranks(rs)} with {tool}" for rs, tool in ((spied, "py-spy"), (others, "faulthandler")) if rs
-    )
-    try:
-        from hangdoc.analysis import analyse
-        from hangdoc.readers import read_paths
-        from hangdoc.renderers import render
-
-        job = read_paths(paths)
-        if fake:
-            issued: Dict[str, Dict[int, int]] = {}
-            for rec in job.records:
-                per_rank = issued.setdefault(rec.group, {})
-                per_rank[rec.rank] = max(per_rank.get(rec.rank, 0), rec.seq + 1)
-            everyone = set(hang.get("pids", {})) | {rec.rank for rec in job.records}
-            for rec in job.records:
-                if rec.seq >= min(issued[rec.group].get(r, 0) for r in everyone):
-                    rec.state, rec.time_completed = "issued", None
-        _strip_runner(job)
-        report = analyse(job)
-        return f"hangdoc verdict (stacks of {how}):\n" + render(report, "text").rstrip()
-    except Exception as e:  # the aggregator is optional here: fall back to the raw stacks
-        why = f"(hangdoc aggregate unavailable: {type(e).__name__}: {e})"
-        return why + "\n" + "\n".join(raw)
