@@ -144,7 +144,7 @@ def test_run2_recorder_completion_matches_flight_recorder():
     # Recorder completion on NCCL without a sync of its own, checked against NCCL's watchdog (the
     # Flight Recorder states of the same run), op by op, in every scenario that dumped one.
     # Both count from 0 (the reader shifts Flight Recorder's collective_seq_id, which counts from 1).
-    from hangdoc.analysis.sequence import pending
+    from hangdoc.analysis.wait_for import pending
 
     for scenario in ("nccl_skip_broadcast", "nccl_pipeline_cycle", "nccl_dataloader_deadlock"):
         ours = read_paths([run2(scenario, "records")]).records

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from hangdoc.analysis import sequence
+from hangdoc.analysis import sequence, wait_for
 from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
 from hangdoc.ranges import MAX_LISTED, MAX_RUNS, RankSet
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def _culprits(report: Report, ranks: List[int]) -> List[Culprit]:
 
 def _pending_lines(records: List[CollectiveRecord], limit: int = 8) -> List[str]:
     lines = []
-    pend = sequence.pending(records)
+    pend = wait_for.pending(records)
     for rank in sorted(pend)[:limit]:
         first = pend[rank][0]
         more = len(pend[rank]) - 1
@@ -186,7 +186,7 @@ def findings(report: Report) -> List[Finding]:
         f.evidence += pending_ev
     out.extend(wrong)
     explained = {c.rank for f in wrong for c in f.culprits}
-    for c in sequence.cycles(records):
+    for c in wait_for.cycles(records):
         if explained and {n[0] for n in c.nodes} & explained:
             continue  # a cycle through a rank that receives from the wrong peer is its consequence
         ranks = [n[0] for n in c.nodes]
@@ -244,7 +244,7 @@ def findings(report: Report) -> List[Finding]:
 CONFIDENCE_WRONG_PEER = 0.94
 
 
-def _broke_period(report: Report, records: List[CollectiveRecord], c: sequence.Cycle,
+def _broke_period(report: Report, records: List[CollectiveRecord], c: wait_for.Cycle,
                   pending_ev: List[str]) -> Optional[Finding]:
     """A wait-for cycle through several groups (tensor-parallel and pipeline, say) where some of its
     ranks broke the period of calls their loop kept before, and the others kept theirs: those ranks
