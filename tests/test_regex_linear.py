@@ -17,15 +17,15 @@ import time
 
 import pkgutil
 
+import hangdoc.analysis
 import hangdoc.readers
+import hangdoc.renderers
 
-# every module of the readers (a new format's patterns are checked without being listed here)
-MODULES = sorted(f"hangdoc.readers.{m.name}" for m in pkgutil.iter_modules(hangdoc.readers.__path__)) + [
-    "hangdoc.ranges", "hangdoc.tags", "hangdoc.cmdline", "hangdoc.textsafe", "hangdoc.analysis.log_rules",
-    "hangdoc.analysis.normalize", "hangdoc.analysis.signatures", "hangdoc.analysis.stack_rules",
-    "hangdoc.analysis.record_rules", "hangdoc.analysis.sequence", "hangdoc.analysis.grouping",
-    "hangdoc.renderers.text", "hangdoc.renderers.markdown", "hangdoc.renderers.html", "hangdoc.renderers.dot",
-    "hangdoc.renderers.json", "hangdoc.renderers.treeview",
+# every module of the offline side (a new format's, rule's or renderer's patterns are checked
+# without being listed here), and the shared modules
+MODULES = sorted(f"{pkg.__name__}.{m.name}" for pkg in (hangdoc.readers, hangdoc.analysis, hangdoc.renderers)
+                 for m in pkgutil.iter_modules(pkg.__path__)) + [
+    "hangdoc.ranges", "hangdoc.tags", "hangdoc.cmdline", "hangdoc.textsafe",
 ]
 SIZE = 1 << 20
 #: seconds for one search on a 1 MB line: a linear pattern takes milliseconds, a quadratic one
@@ -58,12 +58,12 @@ def patterns():
         for attr, value in vars(mod).items():
             if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
                 seen.setdefault((value.pattern, "search"), f"{name}.{attr}")
-    from hangdoc.analysis import signatures
+    from hangdoc.analysis import signature_table as signatures
 
     for i, row in enumerate(signatures._TABLE):  # function names are fullmatch-ed, paths searched
-        seen.setdefault((row[2].pattern, "fullmatch"), f"hangdoc.analysis.signatures._TABLE[{i}].function")
+        seen.setdefault((row[2].pattern, "fullmatch"), f"hangdoc.analysis.signature_table._TABLE[{i}].function")
         if row[3] is not None:
-            seen.setdefault((row[3].pattern, "search"), f"hangdoc.analysis.signatures._TABLE[{i}].path")
+            seen.setdefault((row[3].pattern, "search"), f"hangdoc.analysis.signature_table._TABLE[{i}].path")
     return sorted((where, pat, how) for (pat, how), where in seen.items())
 
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from hangdoc.analysis.signature_table import ONE_TO_MANY
 from hangdoc.analysis.signatures import (
     DISTRIBUTED,
-    ONE_TO_MANY,
     PLAIN_WAITS,
     Wait,
     in_loop,
