@@ -67,7 +67,7 @@ def _stale_files(d, n):
 def test_a_signal_file_named_with_a_superscript_digit_does_not_end_the_sweep(tmp_path, monkeypatch):
     # "²".isdigit() is True and int("²") raises ValueError: the sweep used to end at that file,
     # leaving every stale file after it (in directory order) for ever
-    from hangdoc.runtime import watchdog
+    from hangdoc.runtime import signal_file
 
     d = tmp_path / "tmp"
     d.mkdir()
@@ -76,7 +76,7 @@ def test_a_signal_file_named_with_a_superscript_digit_does_not_end_the_sweep(tmp
         open(name, "w").close()
     stale = _stale_files(str(d), 5)
     monkeypatch.setattr(tempfile, "tempdir", str(d))
-    watchdog._remove_stale_signal_files()
+    signal_file.remove_stale()
     assert not any(os.path.exists(p) for p in stale)
     assert all(os.path.exists(p) for p in odd)  # no pid: left alone
 

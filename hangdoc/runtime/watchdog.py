@@ -32,7 +32,6 @@ starts it for you.
 from __future__ import annotations
 
 import faulthandler
-import fcntl
 import os
 import signal
 import sys
@@ -41,7 +40,9 @@ import threading
 import time
 from typing import Any, Dict, Optional, Tuple, Union
 
+from hangdoc.runtime import signal_file
 from hangdoc.runtime.options import signal_number
+from hangdoc.runtime.signal_file import SIGNAL_ENV
 
 # Bumped by step()/heartbeat(); a bare int increment so that calling them costs nothing measurable
 # (and nothing at all beyond that when no watchdog runs).
@@ -53,11 +54,6 @@ _current: Optional["Watchdog"] = None
 
 #: environment variable set while a watchdog runs: the name of its dump signal (children and
 #: ``hangdoc dump`` use it).
-SIGNAL_ENV = "HANGDOC_WATCHDOG_SIGNAL"
-#: file name pattern of the file faulthandler writes signal dumps into; ``hangdoc dump`` finds
-#: hangdoc-wrapped processes by this name among their open files (``/proc/PID/fd``), which works
-#: even though variables set after exec never show in ``/proc/PID/environ``.
-SIGNAL_FILE_PREFIX = "hangdoc-signal-"
 
 
 def step() -> None:
@@ -274,16 +270,7 @@ class Watchdog:
         # A signal the job handles itself (SLURM's SIGUSR1 before preemption, say) still dumps when
         # someone sends it, and the job's handler still runs; but ``hangdoc dump`` must not send it
         # just to read stacks: the file's name ("-shared-") keeps it from finding this process.
-        prefix = f"{SIGNAL_FILE_PREFIX}shared-" if chain else SIGNAL_FILE_PREFIX
-        self._sig_file = tempfile.NamedTemporaryFile(
-            mode="w+b", prefix=f"{prefix}{os.getpid()}-{name}-", suffix=".txt", delete=False
-        )
-        try:
-            # held as long as the file is open (forked children share it): the mark of a live
-            # owner, which _remove_stale_signal_files respects whatever pid namespace it runs in
-            fcntl.flock(self._sig_file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            pass
+        self._sig_file = signal_file.create(name, shared=chain)
         faulthandler.register(self.signum, file=self._sig_file, all_threads=True, chain=chain)
         self._sig_before = previous
         os.environ[SIGNAL_ENV] = name
@@ -298,13 +285,7 @@ class Watchdog:
         if now is self._sig_before or now == self._sig_before:
             return
         self._displaced = True
-        name = self._sig_file.name
-        off = os.path.join(os.path.dirname(name), os.path.basename(name).replace(SIGNAL_FILE_PREFIX, SIGNAL_FILE_PREFIX + "off-", 1))
-        try:
-            os.rename(name, off)
-            self._sig_file.name = off
-        except (OSError, AttributeError):
-            pass
+        signal_file.step_aside(self._sig_file)
         if os.environ.get(SIGNAL_ENV) == _signal_name(self.signum):
             os.environ.pop(SIGNAL_ENV, None)
         _say(f"hangdoc watchdog: the job set its own {_signal_name(self.signum)} handler; "
@@ -325,7 +306,7 @@ class Watchdog:
         if self._sig_file is not None:
             # here, not in start(): a crowded /tmp must not delay the job
             try:
-                _remove_stale_signal_files()
+                signal_file.remove_stale()
             except Exception:
                 pass
         while not self._stop.wait(self.poll):
@@ -540,67 +521,6 @@ def _faulthandler_text() -> str:
         return os.pread(fd, size, 0).decode("utf-8", "replace")
     finally:
         os.close(fd)
-
-
-def _remove_stale_signal_files(limit: int = 2000) -> None:
-    """Signal files of processes that are gone (killed before ``stop``, which removes its own);
-    at most ``limit`` of them looked at. The temp directory is shared: only this user's regular
-    files are touched, and none is ever opened in a way that can block (another user's FIFO named
-    like a signal file would keep this thread, the watchdog, in ``open`` for ever) or follow a link."""
-    import stat
-
-    from hangdoc.bounds import MAX_PID, bounded_int
-
-    paths = []
-    try:
-        with os.scandir(tempfile.gettempdir()) as entries:
-            for entry in entries:
-                if entry.name.startswith(SIGNAL_FILE_PREFIX) and entry.name.endswith(".txt"):
-                    paths.append(entry.path)
-                    if len(paths) >= limit:
-                        break
-    except OSError:
-        return
-    me = os.geteuid()
-    for path in paths:
-        parts = os.path.basename(path)[len(SIGNAL_FILE_PREFIX):].split("-")
-        # isdigit() says yes to "²" and int() then raises: anyone's file name must not end the sweep
-        pid = next((v for v in (bounded_int(x, 1, MAX_PID) for x in parts if x.isdigit()) if v is not None), None)
-        if pid is None or pid == os.getpid():
-            continue
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
-            continue  # a FIFO, a link, a device, someone else's file: not ours to open or remove
-        try:
-            os.kill(pid, 0)
-            continue  # alive here
-        except ProcessLookupError:
-            pass
-        except (OSError, OverflowError):
-            continue  # alive, another user's (or no pid at all)
-        # No such pid in this pid namespace; it may still live in another (a container sharing
-        # /tmp): its owner holds a lock on the file while it is open.
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
-                         | getattr(os, "O_NOCTTY", 0))
-        except OSError:
-            continue
-        try:
-            now = os.fstat(fd)
-            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
-                continue  # swapped since the lstat
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # held: alive somewhere
-        finally:
-            os.close(fd)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def _after_fork_in_child() -> None:
