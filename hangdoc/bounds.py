@@ -40,6 +40,11 @@ def bounded_int(text: Any, lo: int, hi: int, base: int = 10) -> Optional[int]:
     """``int(text)`` when ``text`` is a plain integer (optional sign, ``0x`` for base 16, digits
     only: no ``_``, no spaces inside) within ``lo..hi``; None otherwise. Never raises, and never
     converts more digits than ``hi`` has, so it costs O(digits of ``hi``) whatever ``text`` is."""
+    if type(text) is str and base == 10 and len(text) <= 18 and text.isdigit() and text.isascii():
+        # the common case, a few plain digits: what the checks below would say (a number longer
+        # than ``hi`` is above it), without them
+        v = int(text)
+        return v if lo <= v <= hi else None
     if isinstance(text, bool):
         return None
     if isinstance(text, int):

@@ -374,7 +374,8 @@ def same_dump(a: Process, b: Process) -> bool:
     no stack). Two ranks' identical tracebacks in one log name neither: they stay two processes.
     (py-spy or faulthandler dumping one process in a loop into one log; 8 MB of one dump header
     repeated was 160,000 processes.)"""
-    return (a.threads == b.threads and a.pid == b.pid and a.format == b.format and a.command == b.command
+    # the cheap fields first: the next process of a block nearly always has another pid
+    return (a.pid == b.pid and a.format == b.format and a.threads == b.threads and a.command == b.command
             and a.status == b.status and a.status_detail == b.status_detail and a.meta == b.meta
             and a.host == b.host and a.rank == b.rank and a.local_rank == b.local_rank and a.ppid == b.ppid
             and a.role == b.role and a.parent_rank == b.parent_rank

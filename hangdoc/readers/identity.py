@@ -138,6 +138,18 @@ def _apply_tag(p: Process, fields: Dict[str, str]) -> None:
             p.meta[k] = v
 
 
+#: hangdoc.analysis.normalize.role_of, imported on first use (readers load without the analysis) and
+#: kept: not an import statement run again for each of 131,072 processes
+_ROLE_OF: list = []
+
+
+def _role_of():
+    from hangdoc.analysis.normalize import role_of
+
+    _ROLE_OF[:] = [role_of]
+    return role_of
+
+
 def from_file_name(ctx: FileContext, procs: List[Process]) -> None:
     for p in procs:
         if p.host is None and ctx.host_from_name is not None:
@@ -159,8 +171,7 @@ def from_file_name(ctx: FileContext, procs: List[Process]) -> None:
 
 
 def finish_identity(p: Process, interner: Interner) -> None:
-    from hangdoc.analysis.normalize import role_of
-
+    role_of = _ROLE_OF[0] if _ROLE_OF else _role_of()
     if p.host is not None:
         p.host = interner.string(p.host)
     main = p.main_thread

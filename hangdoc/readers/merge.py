@@ -89,13 +89,18 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
             host, sep, pid = k.rpartition(":")
             if sep and host:
                 short.setdefault(f"{_short_host(host)}:{pid}", k)
+        shorts: Dict[str, str] = {}  # host -> its short name, worked out once a host
         for p in job.processes:
             key = None
             if p.host is not None and p.pid is not None:
-                for cand in (f"{p.host}:{p.pid}", short.get(f"{_short_host(p.host)}:{p.pid}")):
-                    if cand is not None and cand in rmap:
-                        key = cand
-                        break
+                key = f"{p.host}:{p.pid}"
+                if key not in rmap:
+                    sh = shorts.get(p.host)
+                    if sh is None:
+                        sh = shorts[p.host] = _short_host(p.host)
+                    key = short.get(f"{sh}:{p.pid}")
+                    if key is not None and key not in rmap:
+                        key = None
             if key is None and p.pid is not None and str(p.pid) in rmap:
                 key = str(p.pid)
             if key is None:
@@ -144,7 +149,7 @@ def finish_job(job: Job, rank_map: Optional[Dict[str, object]] = None) -> None:
         # Entries for hosts no dump came from count only when the map's host names are proven to be
         # the dumps' (some host:pid entry matched): then a host without dump is a node that did not
         # dump; otherwise the map spells hosts differently or is another job's, and says nothing.
-        hosts_read = {_short_host(p.host) for p in job.processes if p.host is not None}
+        hosts_read = {_short_host(h) for h in {p.host for p in job.processes if p.host is not None}}
         proven = any(":" in k for k in used_keys)
         counted = [r for k, r in rmap.items() if k in used_keys or ":" not in k or proven
                    or _short_host(k.rpartition(":")[0]) in hosts_read]

@@ -44,6 +44,17 @@ MAX_LAYERS = 8
 LEARN_LINES = 4000
 #: a number in a prefix larger than this is no rank (a pid, a year): identity is left unset
 MAX_RANK = 1 << 22
+#: what :meth:`Peeler.learn` made of a line, for lines of up to MEMO_CHARS characters, shared by
+#: every file read (the lines of a node's dump are mostly those of every other node's): at most
+#: MEMO_LINES of them, forgotten all at once when full
+MEMO_LINES = 1 << 14
+MEMO_CHARS = 512
+_LEARNT: Dict[str, Any] = {}
+_BLANK = "blank"  # a line learn does not count
+_NOTHING = "nothing"  # a line counted, with no label
+#: first characters with which :meth:`Peeler._peel_known` peels nothing (ASCII letters but those
+#: of a logger's level, E/W/I/F/D/C; a space unless a bracket follows the spaces) or the empty line
+_PLAIN = frozenset("ABGHJKLMNOPQRSTUVXYZabcdefghijklmnopqrstuvwxyz \t\"'`#=-_*/\\.,;:!?@%&+~<{|}") | {""}
 
 _ANSI_RE = re.compile(r"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]|\x1b\][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
@@ -138,46 +149,27 @@ class Peeler:
         # srun's task ids against the ranks an inner layer names on the same line: a task that
         # wraps other ranks (``srun --label torchrun``) is a node, not a rank
         task_clash = False
+        memo = _LEARNT
         for i, raw in enumerate(lines):
             if i >= LEARN_LINES:
                 break
-            # learn behind the prefixes every file may have (a timestamp, ANSI, torch's own), in
-            # front of a progress bar's redraws and behind them
-            _, line = self._peel_known(strip_ansi(raw))
-            if not line.strip():
+            got = memo.get(raw)
+            if got is None:
+                got = self._learn_line(raw)
+                if len(raw) <= MEMO_CHARS:
+                    if len(memo) >= MEMO_LINES:
+                        memo.clear()
+                    memo[raw] = got
+            if got is _BLANK:
                 continue
             total += 1
-            for part in range(2):
-                tasks: List[Optional[int]] = []  # this line's srun task ids, outermost first
-                for _depth in range(3):  # "worker-3: 0: r12i0n8:3: text": all three are labels
-                    m = _LABEL_RE.match(line)
-                    if m is None:
-                        pod = self._pod_key(line)
-                        if pod is None:
-                            break
-                        key, end = pod
-                        counts[key] = counts.get(key, 0) + 1
-                        labels.setdefault(key, set()).add(line[:end])
-                        _, line = self._peel_known(line[end:])
-                        continue
-                    label = m.group(1)
-                    stem = _stem(label)
-                    if stem is None:
-                        break
-                    counts[stem] = counts.get(stem, 0) + 1
-                    labels.setdefault(stem, set()).add(label)
-                    inner, line = self._peel_known(line[m.end():])
-                    named = [_rank(v) for k, v in inner if k in ("rank", "local")]
-                    if ":" in label:
-                        named.insert(0, _rank(label.rpartition(":")[2]))
-                    elif not stem:
-                        named.insert(0, _rank(label))
-                        tasks.append(named[0])
-                    # a task id with another rank named inside it wraps other ranks
-                    task_clash = task_clash or any(r != t for t in tasks for r in named)
-                if part or "\r" not in line:
-                    break
-                _, line = self._peel_known(line[line.rfind("\r") + 1:])
+            if got is _NOTHING:
+                continue
+            hits, clash = got
+            task_clash = task_clash or clash
+            for key, label in hits:
+                counts[key] = counts.get(key, 0) + 1
+                labels.setdefault(key, set()).add(label)
         for stem, n in counts.items():
             distinct = len(labels[stem])
             # numbered lines that each occur once (a Rust backtrace's "  0: ", a list) are no
@@ -186,6 +178,50 @@ class Peeler:
                 (self.pods if isinstance(stem, tuple) else self.stems).add(stem)
         tasks = len(labels.get("", ()))
         self.task_is = None if tasks <= 1 else ("node" if task_clash else "rank")
+
+    def _learn_line(self, raw: str) -> Any:
+        """What one line of a file's head tells :meth:`learn`: :data:`_BLANK` (nothing: it is not
+        counted), :data:`_NOTHING` (counted, no label), or ``(((stem or pod key, label), ...), task
+        clash)``. A function of the line alone (no state of the peeler), so it is memoised."""
+        # learn behind the prefixes every file may have (a timestamp, ANSI, torch's own), in
+        # front of a progress bar's redraws and behind them
+        _, line = self._peel_known(strip_ansi(raw))
+        if not line.strip():
+            return _BLANK
+        hits: List[Tuple[Any, str]] = []
+        task_clash = False
+        for part in range(2):
+            tasks: List[Optional[int]] = []  # this line's srun task ids, outermost first
+            for _depth in range(3):  # "worker-3: 0: r12i0n8:3: text": all three are labels
+                m = _LABEL_RE.match(line)
+                if m is None:
+                    pod = self._pod_key(line)
+                    if pod is None:
+                        break
+                    key, end = pod
+                    hits.append((key, line[:end]))
+                    _, line = self._peel_known(line[end:])
+                    continue
+                label = m.group(1)
+                stem = _stem(label)
+                if stem is None:
+                    break
+                hits.append((stem, label))
+                inner, line = self._peel_known(line[m.end():])
+                named = [_rank(v) for k, v in inner if k in ("rank", "local")]
+                if ":" in label:
+                    named.insert(0, _rank(label.rpartition(":")[2]))
+                elif not stem:
+                    named.insert(0, _rank(label))
+                    tasks.append(named[0])
+                # a task id with another rank named inside it wraps other ranks
+                task_clash = task_clash or any(r != t for t in tasks for r in named)
+            if part or "\r" not in line:
+                break
+            _, line = self._peel_known(line[line.rfind("\r") + 1:])
+        if not hits and not task_clash:
+            return _NOTHING
+        return tuple(hits), task_clash
 
     @staticmethod
     def _pod_key(line: str) -> Optional[Tuple[Tuple[str, str], int]]:
@@ -338,6 +374,12 @@ class Peeler:
 
     def peel(self, line: str) -> Tuple[Identity, str]:
         """``((host, rank, local_rank), text)`` of one line (no newline)."""
+        c = line[:1]
+        if c in _PLAIN and not (self.stems or self.pods) and "\r" not in line and "\x1b" not in line and (
+                line.lstrip(" ")[:1] != "[" if c == " " else (not c or "  | " not in line[:160])):
+            # nothing here can start a prefix (see _peel_known; no label was learnt, and a digit,
+            # which may start srun's task id, is no plain start): most lines of most dumps
+            return NO_IDENTITY, line
         if "\x1b" in line:
             line = strip_ansi(line)
         found: List[Tuple[str, str]] = []

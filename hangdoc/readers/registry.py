@@ -23,7 +23,7 @@ from hangdoc.readers import traceback as _traceback
 from hangdoc.readers._base import BlockParser, FileContext
 from hangdoc.tags import PREFIX as _TAG_PREFIX
 
-__all__ = ["detect", "log_modules", "new_log_readers", "keyword_re", "markers", "markers_re"]
+__all__ = ["detect", "log_modules", "new_log_readers", "keyword_re", "has_keyword", "markers", "markers_re"]
 
 # The first line of a stack block, per format (a walked file's head must hold one, see files.py).
 STACK_MARKERS: Tuple[bytes, ...] = (
@@ -106,6 +106,14 @@ def new_log_readers(ctx: FileContext) -> list:
 
 _KEYWORD_RE = None
 _MARKERS_RE = None
+#: has_keyword's answers, by the text (an ASCII one as bytes with its digits made 0: no keyword holds
+#: a digit, so that changes no answer, and the header lines of 131,072 processes, which differ in
+#: their pids, are searched once): at most _SEEN_TEXTS texts of up to 512 characters, forgotten all
+#: at once when full
+_SEEN: dict = {}
+_SEEN_TEXTS = 1 << 14
+_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_DIGIT_FREE: Optional[bool] = None
 
 
 def keyword_re():
@@ -115,6 +123,24 @@ def keyword_re():
         words = sorted({w for m in log_modules() for w in m.KEYWORDS}, key=len, reverse=True)  # type: ignore[attr-defined]
         _KEYWORD_RE = re.compile("|".join(re.escape(w) for w in words))
     return _KEYWORD_RE
+
+
+def has_keyword(text: str) -> bool:
+    """Does ``text`` hold any log reader's keyword (``keyword_re().search``), remembered per text?"""
+    global _DIGIT_FREE
+    if _DIGIT_FREE is None:
+        _DIGIT_FREE = not any(c.isdigit() for m in log_modules() for w in m.KEYWORDS for c in w)  # type: ignore[attr-defined]
+    if len(text) > 512:
+        return keyword_re().search(text) is not None
+    # (bytes.translate: str.translate took longer than the search it saves)
+    key = text.encode("ascii").translate(_ZEROS) if _DIGIT_FREE and text.isascii() else text
+    hit = _SEEN.get(key)
+    if hit is None:
+        hit = keyword_re().search(text) is not None
+        if len(_SEEN) >= _SEEN_TEXTS:
+            _SEEN.clear()
+        _SEEN[key] = hit
+    return hit
 
 
 def markers_re():

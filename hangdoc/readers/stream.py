@@ -73,8 +73,10 @@ def _section(text: str) -> Optional[Identity]:
     return (host or None, int(m.group(1)), None)
 
 
-def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> Tuple[List[Process], List[LogEvent]]:
-    """The processes and log events of one file (identity within the file resolved)."""
+def read_stream(path: str, source: Source, interner: Interner, fileobj=None,
+                head: Optional[bytes] = None) -> Tuple[List[Process], List[LogEvent]]:
+    """The processes and log events of one file (identity within the file resolved). ``head``:
+    the file's first bytes (at least :data:`LEARN_BYTES` of them, or all), when the caller read them."""
     ctx = FileContext(path, source, interner)
     peeler = Peeler()
     channels: Dict[Identity, _Channel] = {NO_IDENTITY: _Channel()}
@@ -88,6 +90,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     own = list(zip(readers, [tuple(m.KEYWORDS) for m in registry.log_modules()]))  # type: ignore[attr-defined]
     kw = registry.keyword_re().search
     has_anchor = registry.has_anchor
+    has_keyword = registry.has_keyword
     last_of: Dict[int, Process] = {}  # id(channel) -> its last process (a c10 backtrace joins it)
     last_any: List[Process] = []  # the file's last process (C++ prints its backtraces unprefixed)
     # C++ backtraces with no process before them: kept only when the file holds nothing else (they
@@ -171,7 +174,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
     rep_parser: Optional[BlockParser] = None
     rep_sink = 0
     rep_of: Optional[Process] = None
-    peeler.learn(_head_lines(path, fileobj))
+    peeler.learn(_head_lines(path, fileobj, head))
     for first, block in chunks(path, ctx, fileobj, skip=idle, size=BLOCK):
         lineno = first - 1
         cut = ctx.cut_off  # set with the file's last block when its last line has no newline
@@ -234,7 +237,7 @@ def read_stream(path: str, source: Source, interner: Interner, fileobj=None) -> 
                     # which readers' keywords a text holds, looked up once for a run of equal texts
                     kw_text = text
                     kw_of = None
-                    if kw(text) is not None:
+                    if has_keyword(text):
                         kw_of = [r for r, words in own if any(w in text for w in words)]
                 if kw_of is not None:
                     if not actives:
@@ -390,10 +393,12 @@ def _squeeze_sinks(channels: Iterable[_Channel]) -> None:
 LEARN_BYTES = 1 << 16
 
 
-def _head_lines(path: str, fileobj=None) -> List[str]:
+def _head_lines(path: str, fileobj=None, head: Optional[bytes] = None) -> List[str]:
     """The first lines of a file (for :meth:`Peeler.learn`), the file left where it was."""
     try:
-        if fileobj is not None:
+        if head is not None:
+            data = head[:LEARN_BYTES]
+        elif fileobj is not None:
             pos = fileobj.tell()
             data = fileobj.read(LEARN_BYTES)
             fileobj.seek(pos)
