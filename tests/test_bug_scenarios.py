@@ -35,7 +35,7 @@ def test_scenario_has_truth_and_docstring(s):
     truth = s["truth"]
     assert truth is not None, f"{s['name']}: no TRUTH"
     assert truth["kind"] in KINDS
-    assert truth["world"] in (2, 4, 8)
+    assert 2 <= truth["world"] <= 8  # one host: up to 8 GPUs on NCCL
     assert all(isinstance(r, int) and 0 <= r < truth["world"] for r in truth["culprits"])
     assert truth["culprits"] == sorted(set(truth["culprits"]))
     assert truth["culprits"] or truth["kind"] == "slow-not-hung"

@@ -88,12 +88,12 @@ def test_a_lock_taken_twice_through_two_functions_is_a_self_deadlock(tmp_path):
         found = detect_lock.self_deadlock(frame)
     finally:
         release(t, mod.STATS_LOCK)
-    assert found == {"lock": "STATS_LOCK", "at": "stats_a.py:12", "in": "record", "held_at": "stats_a.py:18",
+    assert found == {"lock": "STATS_LOCK", "at": "stats_a.py:12", "in": "record", "held_at": "stats_a.py:17",
                      "held_in": "update_stats"}
     v = detect_lock.verdict(2, found, Digests(), lambda rec: ("", ""))
     assert (v.kind, v.deviants, v.basis) == ("collective-mismatch", [2], "lock")
     assert v.summary.startswith("rank 2 waits for the lock `STATS_LOCK` at stats_a.py:12 in record, which its own "
-                                "thread took at stats_a.py:18 in update_stats and still holds: a self-deadlock")
+                                "thread took at stats_a.py:17 in update_stats and still holds: a self-deadlock")
     assert Verdict.from_json(v.to_json()).summary == v.summary
 
 

@@ -58,6 +58,7 @@ def diagnose(report: Report) -> List[Finding]:
         for f in got:
             origins[id(f)] = _ORIGIN.get(spec, spec)
         found.extend(got)
+    _raised_first(report, found, origins)
     found = merge(found, origins)
     found = _drop_explained_p2p(report, found)
     if found:
@@ -176,6 +177,31 @@ def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
             if ranks and ranks <= _ranks(lag):
                 f.confidence = max(f.confidence, lag.confidence + 0.05)
                 f.evidence.append(f"the {origins.get(id(lag))} agree: {lag.summary}")
+
+
+#: where an exception raised inside a collective comes from (a backend's check of a mismatch)
+_COMM_FILES = ("torch/distributed/", "torch\\distributed\\", "deepspeed/comm/", "c10d")
+
+
+def _raised_first(report: Report, found: List[Finding], origins: Dict[int, str]) -> None:
+    """A rank that raised an exception in its own code (not in a collective: a backend that rejects a
+    mismatched call raises there) and was blocked in no collective then issued nothing after it:
+    the mismatch the records or a log report for that rank alone ("rank 3 skipped all_reduce #4")
+    is the consequence, and the exception the headline (``examples/bugs/exception_in_collective_loop.py``)."""
+    failed = [f for f in found if f.kind == "rank-failed" and _ranks(f)]
+    if not failed:
+        return
+    pending = {r.rank for r in report.job.records if r.state == "issued"}
+    raised = {p.rank for p in report.job.processes if p.rank is not None and p.meta.get("exception")
+              and not any(k in str(p.meta.get("exception_at") or "") for k in _COMM_FILES)}
+    for f in failed:
+        ranks = _ranks(f)
+        if not ranks <= raised or ranks & pending:
+            continue
+        for m in found:
+            if m.kind == "collective-mismatch" and m.confidence >= f.confidence and _ranks(m) and _ranks(m) <= ranks:
+                f.confidence = min(0.99, m.confidence + 0.01)
+                f.evidence.append(f"the {origins.get(id(m), 'records')} agree, as its consequence: {m.summary}")
 
 
 def _drop_explained_p2p(report: Report, found: List[Finding]) -> List[Finding]:

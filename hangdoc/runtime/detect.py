@@ -120,6 +120,7 @@ class Detector:
         #: when this rank's main thread was last looked at for a lock it holds itself, and the
         #: look at its children forked with a lock held (_own_lock)
         self._lock_at = 0.0
+        self._lock_order: Optional[tuple] = None  # the lock-wait cycle seen at the last look
         from hangdoc.runtime import detect_fork
 
         self._fork_watch = detect_fork.Watch()
@@ -260,10 +261,11 @@ class Detector:
 
     def _own_lock(self, node: Node) -> Optional[Verdict]:
         """While this rank is quiet, once a second: its main thread waiting for a lock it holds
-        itself (hangdoc.runtime.detect_lock) is the verdict, certain at once; so is its main thread
-        waiting for a child blocked on a lock another thread held at the fork
-        (hangdoc.runtime.detect_fork), once seen twice."""
-        from hangdoc.runtime import detect_fork, detect_lock
+        itself (hangdoc.runtime.detect_lock) is the verdict, certain at once; so are its threads
+        waiting for each other's locks in a cycle (hangdoc.runtime.detect_lock_order) and its main
+        thread waiting for a child blocked on a lock another thread held at the fork
+        (hangdoc.runtime.detect_fork), each once seen twice."""
+        from hangdoc.runtime import detect_fork, detect_lock, detect_lock_order
 
         now = time.monotonic()
         if now - node.last_change < QUIET or now - self._lock_at < 1.0:
@@ -272,6 +274,10 @@ class Detector:
         found = detect_lock.main_thread_deadlock()
         if found is not None:
             return node.claim(detect_lock.verdict(node.rank, found, self.digests, self._describe), now)
+        order = detect_lock_order.main_thread_cycle()
+        seen, self._lock_order = self._lock_order, (detect_lock_order.key(order) if order is not None else None)
+        if order is not None and seen == self._lock_order:
+            return node.claim(detect_lock_order.verdict(node.rank, order, self.digests, self._describe), now)
         forked = self._fork_watch.look(now)
         if forked is not None:
             return node.claim(detect_fork.verdict(node.rank, forked, self.digests, self._describe), now)

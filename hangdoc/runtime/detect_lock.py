@@ -147,8 +147,7 @@ def self_deadlock(frame: Any, waiting: Any = None) -> Optional[Dict[str, Any]]:
         for held, name in held_in(f, skip_header=f is frame):
             if held is lock:
                 return {"lock": text or name, "at": f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}",
-                        "in": frame.f_code.co_name, "held_at": f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}",
-                        "held_in": f.f_code.co_name}
+                        "in": frame.f_code.co_name, "held_at": taken_at(f, lock), "held_in": f.f_code.co_name}
         f, depth = f.f_back, depth + 1
     return None
 
@@ -166,6 +165,16 @@ def held_in(frame: Any, skip_header: bool = False) -> List[Tuple[Any, str]]:
             if isinstance(obj, _LOCK) and obj.locked():
                 out.append((obj, ast.unparse(e) if hasattr(ast, "unparse") else "the lock"))
     return out
+
+
+def taken_at(frame: Any, lock: Any) -> str:
+    """``file:line`` of the ``with`` whose body ``frame`` is in and which took ``lock`` (where the
+    frame is now, if none is found)."""
+    line = frame.f_lineno
+    headers = [header for owner, header, first, end, exprs in _withs(frame.f_code.co_filename)
+               if owner == frame.f_code.co_firstlineno and first <= line <= end
+               and any(_resolve(e, frame) is lock for e in exprs)]
+    return f"{os.path.basename(frame.f_code.co_filename)}:{max(headers) if headers else line}"
 
 
 def main_thread_deadlock() -> Optional[Dict[str, Any]]:
