@@ -185,13 +185,14 @@ _COMM_FILES = ("torch/distributed/", "torch\\distributed\\", "deepspeed/comm/", 
 
 def _raised_first(report: Report, found: List[Finding], origins: Dict[int, str]) -> None:
     """A rank that raised an exception in its own code (not in a collective: a backend that rejects a
-    mismatched call raises there) and was blocked in no collective then issued nothing after it:
+    mismatched call raises there) and was blocked in no collective on the host issued nothing after it:
     the mismatch the records or a log report for that rank alone ("rank 3 skipped all_reduce #4")
     is the consequence, and the exception the headline (``examples/bugs/exception_in_collective_loop.py``)."""
     failed = [f for f in found if f.kind == "rank-failed" and _ranks(f)]
     if not failed:
         return
-    pending = {r.rank for r in report.job.records if r.state == "issued"}
+    # blocked in a collective on the host (a call queued on a CUDA stream blocks no host)
+    pending = {r.rank for r in report.job.records if r.state == "issued" and not r.stream}
     raised = {p.rank for p in report.job.processes if p.rank is not None and p.meta.get("exception")
               and not any(k in str(p.meta.get("exception_at") or "") for k in _COMM_FILES)}
     for f in failed:
