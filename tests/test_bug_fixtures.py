@@ -56,8 +56,10 @@ def test_on_nccl_calls_queued_behind_each_other_on_a_stream_name_the_culprits(na
 
 
 # 4 x H200 at 40b1b49 (tests/fixtures/bugs_nccl_x4/README.md): the records' states in stream order
-def test_on_nccl_the_pipeline_skip_is_named_right_with_true_states():
-    assert judged("pp_skip_pair", with_log=False, fix=os.path.join(HERE, "fixtures", "bugs_nccl_x4")) == "RIGHT"
+@pytest.mark.parametrize("name", ["pp_skip_pair", "pipeline3_wrong_peer"])
+def test_on_nccl_4_gpus_the_pipeline_bugs_are_named_right(name):
+    # pipeline3_wrong_peer: sends complete into the receiver's buffer, every host issues on
+    assert judged(name, with_log=False, fix=os.path.join(HERE, "fixtures", "bugs_nccl_x4")) == "RIGHT"
 
 
 @pytest.mark.parametrize("fix,name,skipped", [

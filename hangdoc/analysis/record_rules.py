@@ -29,6 +29,7 @@ the evidence, never reported one by one.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from hangdoc.analysis import sequence, wait_for
@@ -289,18 +290,61 @@ def _wrong_peers(records: List[CollectiveRecord]) -> List[Finding]:
         if peer_sends_here or not senders:
             continue
         s0 = p2p[senders[0]]
-        out.append(Finding(
+        out.append(_wrong_peer_finding(rank, x, senders, f"rank {senders[0]} waits in {s0.op} (peer={rank}) at "
+                                       f"{sequence.site(s0)}", f"rank {peer} is " + (
+                                           f"in {p2p[peer].op} (peer={p2p[peer].peer})" if peer in p2p else "not sending to it")))
+    return out or _wrong_peers_by_count(records)
+
+
+def _wrong_peer_finding(rank: int, x: CollectiveRecord, senders: List[int], sender_line: str, peer_line: str) -> Finding:
+    peer = x.peer
+    return Finding(
             kind="p2p-stall",
             summary=(f"rank {rank} receives from rank {peer} ({sequence.site(x)}), which sends it nothing, while "
                      f"{describe_ranks(senders)} {'is' if len(senders) == 1 else 'are'} sending to it: rank {rank}'s "
                      f"peer is wrong (rank {senders[0]}, not {peer})"),
             culprits=[Culprit(host=x.host, pid=x.pid, rank=rank)],
-            evidence=[f"rank {rank} waits in {x.op} (peer={peer}) at {sequence.site(x)}",
-                      f"rank {senders[0]} waits in {s0.op} (peer={rank}) at {sequence.site(s0)}",
-                      f"rank {peer} is {'in ' + p2p[peer].op + ' (peer=' + str(p2p[peer].peer) + ')' if peer in p2p else 'not sending to it'}"],
+            evidence=[f"rank {rank} waits in {x.op} (peer={peer}) at {sequence.site(x)}", sender_line, peer_line],
             advice=[f"Check how rank {rank} computes its source at {sequence.site(x)}: the pipeline's sender to it "
                     f"is rank {senders[0]}."],
-            confidence=CONFIDENCE_WRONG_PEER))
+            confidence=CONFIDENCE_WRONG_PEER)
+
+
+def _wrong_peers_by_count(records: List[CollectiveRecord]) -> List[Finding]:
+    """The same, counted in messages, for backends whose sends do not wait for their receive (NCCL
+    completes a small send into the receiver's buffer; every rank's host issues on): a rank's first
+    receive not seen completed is its k-th from ``peer``, ``peer`` issued fewer than k sends to it
+    in all, and another rank sent it more messages than it received from that rank. Only where
+    every rank's records start at its first call (the counts are whole)."""
+    sends: Dict[Tuple[int, int], int] = defaultdict(int)
+    recvs: Dict[Tuple[int, int], int] = defaultdict(int)
+    first: Dict[int, Tuple[CollectiveRecord, int]] = {}  # rank -> its first pending receive, and its number from that peer
+    lows: Dict[int, int] = {}
+    for r in sorted(records, key=lambda r: (r.rank, r.seq)):
+        lows.setdefault(r.rank, r.seq)
+        if r.op not in sequence.P2P_OPS or r.peer is None:
+            continue
+        if r.op in sequence._SENDS:
+            sends[(r.rank, r.peer)] += 1
+            continue
+        if r.state in ("issued", "scheduled", "started") and not r.async_op and r.rank not in first:
+            first[r.rank] = (r, recvs[(r.rank, r.peer)])
+        recvs[(r.rank, r.peer)] += 1
+    if any(v != 0 for v in lows.values()):
+        return []  # a ring buffer that dropped its oldest calls: the counts are not whole
+    out = []
+    for rank, (x, k) in sorted(first.items()):
+        peer = x.peer
+        if peer not in lows or sends[(peer, rank)] > k:
+            continue  # its peer's records are not here, or it does send that message
+        senders = sorted(q for q in lows if q not in (rank, peer) and sends[(q, rank)] > recvs[(rank, q)])
+        if not senders:
+            continue
+        q = senders[0]
+        out.append(_wrong_peer_finding(
+            rank, x, senders,
+            f"rank {q} sent rank {rank} {sends[(q, rank)]} messages, of which rank {rank} received {recvs[(rank, q)]}",
+            f"rank {peer} sent rank {rank} {sends[(peer, rank)]} messages in all: never its message #{k + 1}"))
     return out
 
 
