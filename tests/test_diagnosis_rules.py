@@ -373,14 +373,43 @@ def test_fatal_stack_at_a_call_the_others_are_not_making_names_that_rank():
     assert "train.py:27" in f.summary and "train.py:38" in f.summary
 
 
-def test_fatal_stack_at_the_call_the_others_are_in_or_with_records_or_no_agreement_blames_nobody():
-    """An abort at the same call (a size or dtype mismatch: either side may abort), a rank whose own
-    records exist (the record rules judge it), others that disagree among themselves: no finding."""
+def test_fatal_stack_with_records_or_no_agreement_blames_nobody():
+    """A rank whose own records exist (the record rules judge it), others that disagree among
+    themselves: no finding."""
     from hangdoc.analysis import fatal_rules
 
-    assert fatal_rules.findings(_fatal_case(fatal_line=38)) == []
     assert fatal_rules.findings(_fatal_case(fatal_records=True)) == []
     assert fatal_rules.findings(_fatal_case(other_lines=(38, 38, 40))) == []
+    assert fatal_rules.findings(_fatal_case(fatal_line=38, fatal_records=True)) == []
+
+
+def test_aborts_at_the_call_the_others_wait_in_name_the_smaller_side():
+    """A size or type mismatch: gloo aborts the side whose buffers are too small, and the aborted
+    ranks' records are lost. One rank aborted while three wait: it is the odd one; three aborted
+    while one waits: the waiting one is; as many on each side: candidates, nobody named."""
+    from hangdoc.analysis import fatal_rules
+    from hangdoc.model import Frame, Process, Thread
+
+    [f] = fatal_rules.findings(_fatal_case(fatal_line=38))
+    assert f.kind == "collective-mismatch" and [c.rank for c in f.culprits] == [1] and f.confidence < 0.9
+    assert "rank 1, the smaller side" in f.summary
+
+    def aborted(rank):
+        stack = (Frame("main", "/w/train.py", 38), Frame("all_reduce", "torch/distributed/distributed_c10d.py", 3252))
+        return Process(host="n1", pid=20 + rank, rank=rank, threads=[Thread("1", "MainThread", stack, is_main=True)],
+                       meta={"fatal_error": "Aborted"})
+
+    report = _fatal_case(fatal_line=38)
+    report.job.records = [r for r in report.job.records if r.rank == 0]
+    report.job.processes += [aborted(2), aborted(3)]
+    [f] = fatal_rules.findings(report)
+    assert [c.rank for c in f.culprits] == [0] and "rank 0, the smaller side" in f.summary
+
+    report = _fatal_case(fatal_line=38)
+    report.job.records = [r for r in report.job.records if r.rank in (0, 2)]
+    report.job.processes += [aborted(3)]
+    [f] = fatal_rules.findings(report)
+    assert f.culprits == [] and sorted(c.rank for c in f.candidates) == [1, 3]
 
 
 def test_the_fatal_note_names_the_timeout_when_the_console_log_shows_one():

@@ -36,20 +36,23 @@ def test_a_program_whose_receives_name_their_senders_is_never_a_wrong_peer(messa
     assert _wrong_peers_by_count(program(messages, done)) == []
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(messages=st.lists(pairs, min_size=1, max_size=30), pick=st.integers(0, 29), data=st.data())
 def test_a_receive_naming_a_rank_that_never_sends_it_is_named(messages, pick, data):
     """One message's receiver names a third rank (one with records of its own) that sends it
-    nothing at all; everything before that receive completed on the receiver, nothing after. The
-    receiver is the culprit."""
+    nothing at all and waits for the receiver in turn; everything before that receive completed on
+    the receiver, nothing after. The receiver is the culprit; with that rank waiting for another,
+    or for nothing, nobody is named (a peer held up elsewhere may still send)."""
     src, dst = messages[pick % len(messages)]
     busy = {r for m in messages for r in m}  # a rank without any record is unknown, not silent
     silent = [q for q in sorted(busy) if q not in (src, dst) and (q, dst) not in messages]
     if not silent:
         return
+    k = pick % len(messages)
+    if (src, dst) not in messages[:k]:
+        return  # the rule asks for a sender the receiver took messages from before (its usual one)
     wrong = data.draw(st.sampled_from(silent))
     records = program(messages, [30] * WORLD)
-    k = pick % len(messages)
     nth = sum(1 for s, d in messages[:k] if d == dst)  # this receive's index among the receiver's receives
     mine = [r for r in records if r.rank == dst]
     target = [r for r in mine if r.op == "recv"][nth]
@@ -57,6 +60,14 @@ def test_a_receive_naming_a_rank_that_never_sends_it_is_named(messages, pick, da
     target.peer = wrong
     for r in mine:
         r.state = "completed" if r.seq < target.seq else "issued"
-    found = _wrong_peers_by_count(records)
+    theirs = [r for r in records if r.rank == wrong]
+    # the wrong peer waits for the receiver in turn (a receive from it, never completed): the cycle
+    # that the wrong peer causes
+    back = CollectiveRecord(rank=wrong, seq=len(theirs), op="recv", peer=dst, shapes=((4,),))
+    found = _wrong_peers_by_count(records + [back])
     assert [c.rank for f in found for c in f.culprits] == [dst]
     assert f"peer is wrong (rank {src}, not {wrong})" in found[0].summary
+    # the same peer held up elsewhere (it waits for nobody here, or in nothing): it may still send
+    late = CollectiveRecord(rank=wrong, seq=len(theirs), op="recv", peer=src, shapes=((4,),))
+    assert _wrong_peers_by_count(records + [late]) == []
+    assert _wrong_peers_by_count(records) == []

@@ -7,6 +7,7 @@ A rule is a function ``rule(report) -> Iterable[Finding]``; a new hang class is 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -179,13 +180,15 @@ def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
                 f.evidence.append(f"the {origins.get(id(lag))} agree: {lag.summary}")
 
 
-#: where an exception raised inside a collective comes from (a backend's check of a mismatch)
-_COMM_FILES = ("torch/distributed/", "torch\\distributed\\", "deepspeed/comm/", "c10d")
+#: what an exception raised by the communication layer says (a backend that rejects a mismatched
+#: call, a peer that went away, a timeout): such an exception is a consequence, not a rank's own error
+_COMM_ERROR = re.compile(r"gloo|nccl|ProcessGroup|c10d|Dist(?:Backend|Network|Store)Error|Connection (?:closed|reset)"
+                         r"|[Tt]imed? ?out|EnforceNotMet|collective|mismatch", re.I)
 
 
 def _raised_first(report: Report, found: List[Finding], origins: Dict[int, str]) -> None:
-    """A rank that raised an exception in its own code (not in a collective: a backend that rejects a
-    mismatched call raises there) and was blocked in no collective on the host issued nothing after it:
+    """A rank that raised an exception of its own (not one of the communication layer: a backend
+    that rejects a mismatched call, a peer gone) and was blocked in no collective on the host issued nothing after it:
     the mismatch the records or a log report for that rank alone ("rank 3 skipped all_reduce #4")
     is the consequence, and the exception the headline (``examples/bugs/exception_in_collective_loop.py``)."""
     failed = [f for f in found if f.kind == "rank-failed" and _ranks(f)]
@@ -193,8 +196,14 @@ def _raised_first(report: Report, found: List[Finding], origins: Dict[int, str])
         return
     # blocked in a collective on the host (a call queued on a CUDA stream blocks no host)
     pending = {r.rank for r in report.job.records if r.state == "issued" and not r.stream}
-    raised = {p.rank for p in report.job.processes if p.rank is not None and p.meta.get("exception")
-              and not any(k in str(p.meta.get("exception_at") or "") for k in _COMM_FILES)}
+    texts: Dict[int, List[str]] = {}
+    for p in report.job.processes:
+        if p.rank is not None and p.meta.get("exception"):
+            texts.setdefault(p.rank, []).append(str(p.meta["exception"]))
+    for e in report.job.events:
+        if e.kind == "exception" and e.rank is not None and e.fields.get("exc"):
+            texts.setdefault(e.rank, []).append(str(e.fields["exc"]))
+    raised = {r for r, t in texts.items() if not any(_COMM_ERROR.search(x[:2000]) for x in t)}
     for f in failed:
         ranks = _ranks(f)
         if not ranks <= raised or ranks & pending:

@@ -9,9 +9,10 @@ records say which collective they were in.
 
 This rule compares the two: a rank whose fatal stack is in a collective at a call site where none of
 the other ranks' in-flight records is, while those agree on one call, is the culprit of a
-**collective-mismatch**. A rank that aborted at the call the others were in (a size or dtype
-mismatch: any side may be the one that aborts) gives no finding here: the record rules judge it.
-A rank that has records of its own is left to the record rules too.
+**collective-mismatch**. Ranks that aborted at the very call the others wait in (a size or dtype
+mismatch: the side whose buffers are too small aborts) are judged by the sides' sizes, the smaller
+side the odd one (equal sides: candidates only). A rank that has records of its own is left to the
+record rules.
 
     >>> from hangdoc.model import CollectiveRecord as R, Frame, Job, Process, Report, Thread
     >>> recs = [R(rank=r, seq=7, op="all_reduce", call_site="train.py:38:main", state="failed") for r in (0, 2, 3)]
@@ -71,6 +72,7 @@ def findings(report: Report) -> List[Finding]:
     recorded = {r.rank for r in job.records}
     flight = _in_flight([r for r in job.records if r.origin == "hangdoc"] or job.records)
     out: List[Finding] = []
+    same: Dict[tuple, list] = {}  # the call the others are in -> [(aborted rank's process, the others' records)]
     for p in fatal:
         if p.rank in recorded:
             continue
@@ -79,14 +81,17 @@ def findings(report: Report) -> List[Finding]:
             continue
         others = {k: r for k, r in flight.items() if k != p.rank}
         sites = {(r.op, _site(r.call_site)) for r in others.values()}
-        if len(others) < 2 or len(sites) != 1:
+        if len(sites) != 1:
             continue
         (op, site), = sites
         if site is None:
             continue
         cs = w.call_site
         if op == w.op and site[1] == cs.line and _same_file(site[0], cs.file):
-            continue  # aborted at the call the others were in: a mismatch of sizes or types, judged from the records
+            same.setdefault((op, site, tuple(sorted({r.seq for r in others.values()}))), []).append((p, others))
+            continue  # aborted at the call the others were in: a mismatch of sizes or types (below)
+        if len(others) < 2:
+            continue  # one other rank is no agreement on where the job was
         ranks = sorted(others)
         seqs = sorted({r.seq for r in others.values()})
         num = f" #{seqs[0]}" if len(seqs) == 1 else ""
@@ -103,4 +108,54 @@ def findings(report: Report) -> List[Finding]:
         out.append(Finding("collective-mismatch", summary, [p.culprit()], evidence, advice, confidence=CONFIDENCE,
                            detail=[f"rank {p.rank}'s stack, outermost first: " + " → ".join(f.label() for f in p.main_thread.frames[-6:])]
                            if p.main_thread is not None else []))
+    for (op, site, seqs), died in same.items():
+        out.extend(_aborted_in_the_same_call(op, site, seqs, died))
     return out
+
+
+#: a side told by its size alone (the backend's check, not the records) is less sure than a record
+CONFIDENCE_SIDES = 0.8
+
+
+def _aborted_in_the_same_call(op: str, site: Tuple[str, int, str], seqs: tuple, died: list) -> List[Finding]:
+    """Ranks that aborted in the very call the others wait in, their records lost with them. gloo
+    checks the size of what each rank receives: the side whose buffers are too small aborts, the
+    other waits. With the records of the aborted side gone, the sides' sizes tell: the smaller side
+    is the odd one out (one rank passed a size or type the others did not); of equal sides,
+    neither is named (``examples/bugs/ragged_eval_allgather.py``: an uneven last eval batch)."""
+    aborted = sorted(p.rank for p, _ in died)
+    waiting = sorted(set(died[0][1]) - set(aborted))
+    if not waiting:
+        return []
+    num = f" #{seqs[0]}" if len(seqs) == 1 else ""
+    where = f"{site[2]} ({site[0]}:{site[1]})"
+    kind_of = "a size or type mismatch: the side whose buffers are too small aborts (gloo: `Received data size doesn't match expected size`)"
+    summary = (f"{describe_ranks(aborted)} died (Fatal Python error: {died[0][0].meta['fatal_error']}) in {op}{num} at "
+               f"{where}, the call {describe_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in: {kind_of}")
+    if len(aborted) < len(waiting):
+        culprits, candidates = [p.culprit() for p, _ in died], []
+        summary += f"; {describe_ranks(aborted)}, the smaller side, passed what the others did not"
+    elif len(waiting) < len(aborted):
+        culprits, candidates = [], []
+        summary += f"; {describe_ranks(waiting)}, the smaller side, passed what the others did not"
+    else:
+        culprits, candidates = [], [p.culprit() for p, _ in died]
+        summary += "; the sides are as large, so which one passed another size is not known"
+    records = died[0][1]
+    shapes = sorted({f"{r.op}{list(r.shapes[0]) if r.shapes else ''} {' '.join(r.dtypes)}".strip() for r in records.values()})
+    evidence = [f"{describe_ranks(aborted)}: the faulthandler dump at the fatal signal shows {'it' if len(aborted) == 1 else 'them'} in "
+                f"{op} at {where}; no records of {'its' if len(aborted) == 1 else 'their'} own survived the abort",
+                f"{describe_ranks(waiting)}: their records end in {op}{num} at {where} ({'; '.join(shapes)}), never completed"]
+    advice = [f"Compare what {describe_ranks(aborted)} and {describe_ranks(waiting)} pass to {op} at {site[0]}:{site[1]} "
+              "(the last batch of an uneven split, a dtype cast on one path): every rank must pass the same sizes and types."]
+    f = Finding("collective-mismatch", summary, culprits, evidence, advice, confidence=CONFIDENCE_SIDES,
+                candidates=candidates)
+    if len(waiting) < len(aborted):
+        f.culprits = [c for r in records.values() for c in [_culprit_of(r)] if r.rank in waiting][:len(waiting)]
+    return [f]
+
+
+def _culprit_of(r: CollectiveRecord):
+    from hangdoc.model import Culprit
+
+    return Culprit(host=r.host, pid=r.pid, rank=r.rank)

@@ -78,7 +78,10 @@ def period_breaks(records: Iterable[CollectiveRecord], ranks: Iterable[int]) -> 
     for rank in sorted(wanted):
         hist = _history(by_rank[rank])
         keys = [_key(r) for r in hist]
-        for k in _looked_at(hist):
+        beside = _beside(hist)
+        for k in _looked_at(hist, beside):
+            if k in beside:
+                continue
             expected: Optional[Tuple[str, str]] = periodic_next(keys[:k])
             if expected is not None and keys[k] != expected:
                 out[rank] = Break(rank, expected, hist[k], _period(keys[:k], expected))
@@ -86,7 +89,20 @@ def period_breaks(records: Iterable[CollectiveRecord], ranks: Iterable[int]) -> 
     return out
 
 
-def _looked_at(hist: List[CollectiveRecord]) -> List[int]:
+def _beside(hist: List[CollectiveRecord]) -> set:
+    """Positions of calls never seen completed while calls the rank issued after them completed:
+    made beside its loop, not in its place (a checkpoint thread's barrier on a group of its own,
+    ``examples/bugs/async_ckpt_side_barrier.py``), so neither where it stopped nor a break."""
+    out, later_done = set(), False
+    for i in range(len(hist) - 1, -1, -1):
+        if hist[i].state == "completed":
+            later_done = True
+        elif later_done and not hist[i].stream:
+            out.add(i)  # (on a CUDA stream calls complete in order: states that say otherwise are wrong)
+    return out
+
+
+def _looked_at(hist: List[CollectiveRecord], beside: set = frozenset()) -> List[int]:
     """Where a break is looked for, in order: around the rank's first synchronous call not seen
     completed (where it stopped), then the end of its history. With NCCL the host issues every
     call of the next steps before the GPU stops at the skipped one: there the end of the history
@@ -94,7 +110,7 @@ def _looked_at(hist: List[CollectiveRecord]) -> List[int]:
     after it break (``examples/bugs/pp_skip_pair.py`` on 2 x H200: a period of five, and the wrong
     call named)."""
     n = len(hist)
-    stop = next((i for i, r in enumerate(hist) if r.state == "issued" and not r.async_op), n)
+    stop = next((i for i, r in enumerate(hist) if r.state == "issued" and not r.async_op and i not in beside), n)
     if not any(r.state == "completed" for r in hist[:stop]):
         stop = n  # no completion known before it: no stopping point to go by
     near = range(max(2, stop - TAIL), min(n, stop + TAIL + 1))

@@ -212,12 +212,17 @@ def findings(report: Report) -> List[Finding]:
             head = (" while ".join(f"{describe_ranks(side)} {'waits' if len(side) == 1 else 'wait'} in {x.op} of "
                                    f"group {x.group} ({sequence.site(x)})" for side, x in sides)
                     + ": the two sides entered the groups in opposite orders")
+            advice = ["Every rank must enter shared process groups' collectives in the same order: "
+                      + " and ".join(sequence.site(x) for _, x in sides) + " run in a different order on each side."]
             if len(sides) == 2 and sizes[0] < sizes[1]:
                 # a minority side is the odd one (it created or entered the groups the other way)
                 head += f"; {describe_ranks(odd)}, the smaller side, {'is' if len(odd) == 1 else 'are'} the odd one"
                 ranks = sorted(odd)
-            advice = ["Every rank must enter shared process groups' collectives in the same order: "
-                      + " and ".join(sequence.site(x) for _, x in sides) + " run in a different order on each side."]
+                never = _never_issued(records, sides, odd)
+                if never is not None:
+                    head, advice = never
+        if any(f.summary == head for f in out):
+            continue  # the same cycle found through another rank of the same side
         out.append(Finding(kind=kind, summary=head, culprits=_culprits(report, ranks),
                            evidence=[c.summary], advice=advice, confidence=CONFIDENCE_CYCLE,
                            detail=list(pending_ev)))
@@ -243,6 +248,23 @@ def findings(report: Report) -> List[Finding]:
 
 
 CONFIDENCE_WRONG_PEER = 0.94
+
+
+def _never_issued(records: List[CollectiveRecord], sides: List[Tuple[List[int], CollectiveRecord]],
+                  odd: List[int]) -> Optional[Tuple[str, List[str]]]:
+    """(headline, advice) when the smaller side of a two-group cycle issued nothing at all in the
+    group the larger side waits in: it did not enter the groups in another order, it never entered
+    that one (a checkpoint thread's barrier on a group of its own that one rank never starts)."""
+    (big, x), (_, y) = sorted(sides, key=lambda s: -len(s[0]))
+    if sequence.site(x) == sequence.site(y) or any(r.rank in odd and r.group == x.group for r in records):
+        return None  # one line, two groups: the groups differ (created in another order), see the caller
+    head = (f"{describe_ranks(odd)} never issued {x.op} #{x.seq} of group {x.group} that {describe_ranks(big)} issued at "
+            f"{sequence.site(x)} and wait in; {describe_ranks(odd)} went on to {y.op} of group {y.group} "
+            f"({sequence.site(y)}), which {describe_ranks(big)} cannot reach")
+    advice = [f"Look at why {x.op} at {sequence.site(x)} never runs on {describe_ranks(odd)}: a rank-dependent "
+              "condition (an interval, a flag) that decides whether it starts the call (or the thread that makes "
+              "it) must agree on every rank of the group."]
+    return head, advice
 
 
 def _broke_period(report: Report, records: List[CollectiveRecord], c: wait_for.Cycle,
@@ -296,11 +318,29 @@ def _wrong_peers(records: List[CollectiveRecord]) -> List[Finding]:
     return out or _wrong_peers_by_count(records)
 
 
-def _wrong_peer_finding(rank: int, x: CollectiveRecord, senders: List[int], sender_line: str, peer_line: str) -> Finding:
+def _waits_for(records: List[CollectiveRecord], first: Dict[int, Tuple[CollectiveRecord, int]], peer: int,
+               rank: int) -> bool:
+    """Whether ``peer``'s first call not seen completed waits for ``rank``: a receive from it, or a
+    collective of a group holding ``rank`` that ``rank`` has not issued."""
+    mine = sorted((r for r in records if r.rank == peer), key=lambda r: r.seq)
+    y = next((r for r in mine if r.state in ("issued", "scheduled", "started")), None)
+    if y is None:
+        return False
+    if y.op in sequence.P2P_OPS:
+        return y.op not in sequence._SENDS and y.peer == rank
+    if y.group_ranks and rank not in y.group_ranks:
+        return False
+    index = sum(1 for r in mine if r.group == y.group and r.op not in sequence.P2P_OPS and r.seq < y.seq)
+    theirs = sum(1 for r in records if r.rank == rank and r.group == y.group and r.op not in sequence.P2P_OPS)
+    return theirs <= index
+
+
+def _wrong_peer_finding(rank: int, x: CollectiveRecord, senders: List[int], sender_line: str, peer_line: str,
+                        more: str = "") -> Finding:
     peer = x.peer
     return Finding(
             kind="p2p-stall",
-            summary=(f"rank {rank} receives from rank {peer} ({sequence.site(x)}), which sends it nothing, while "
+            summary=(f"rank {rank} receives from rank {peer} ({sequence.site(x)}), which sends it nothing{more}, while "
                      f"{describe_ranks(senders)} {'is' if len(senders) == 1 else 'are'} sending to it: rank {rank}'s "
                      f"peer is wrong (rank {senders[0]}, not {peer})"),
             culprits=[Culprit(host=x.host, pid=x.pid, rank=rank)],
@@ -312,10 +352,12 @@ def _wrong_peer_finding(rank: int, x: CollectiveRecord, senders: List[int], send
 
 def _wrong_peers_by_count(records: List[CollectiveRecord]) -> List[Finding]:
     """The same, counted in messages, for backends whose sends do not wait for their receive (NCCL
-    completes a small send into the receiver's buffer; every rank's host issues on): a rank's first
-    receive not seen completed is its k-th from ``peer``, ``peer`` issued fewer than k sends to it
-    in all, and another rank sent it more messages than it received from that rank. Only where
-    every rank's records start at its first call (the counts are whole)."""
+    completes a small send into the receiver's buffer; every rank's host issues on) and for batched
+    sends and receives (``batch_isend_irecv``): a rank's first receive not seen completed is its
+    k-th from ``peer``, which sent it fewer, and waits for this rank in turn (its own first call not
+    completed is a receive from it, or a collective this rank has not reached: a peer held up
+    elsewhere may still send), while a rank it received from before sent it more messages than it
+    took. Only where every rank's records start at its first call (the counts are whole)."""
     sends: Dict[Tuple[int, int], int] = defaultdict(int)
     recvs: Dict[Tuple[int, int], int] = defaultdict(int)
     first: Dict[int, Tuple[CollectiveRecord, int]] = {}  # rank -> its first pending receive, and its number from that peer
@@ -327,7 +369,7 @@ def _wrong_peers_by_count(records: List[CollectiveRecord]) -> List[Finding]:
         if r.op in sequence._SENDS:
             sends[(r.rank, r.peer)] += 1
             continue
-        if r.state in ("issued", "scheduled", "started") and not r.async_op and r.rank not in first:
+        if r.state in ("issued", "scheduled", "started") and r.rank not in first:
             first[r.rank] = (r, recvs[(r.rank, r.peer)])
         recvs[(r.rank, r.peer)] += 1
     if any(v != 0 for v in lows.values()):
@@ -335,16 +377,17 @@ def _wrong_peers_by_count(records: List[CollectiveRecord]) -> List[Finding]:
     out = []
     for rank, (x, k) in sorted(first.items()):
         peer = x.peer
-        if peer not in lows or sends[(peer, rank)] > k:
-            continue  # its peer's records are not here, or it does send that message
-        senders = sorted(q for q in lows if q not in (rank, peer) and sends[(q, rank)] > recvs[(rank, q)])
+        if peer not in lows or sends[(peer, rank)] > k or not _waits_for(records, first, peer, rank):
+            continue  # its peer's records are not here, it sends that message, or it is held up elsewhere
+        senders = sorted(q for q in lows if q not in (rank, peer) and sends[(q, rank)] > recvs[(rank, q)] > 0)
         if not senders:
             continue
         q = senders[0]
         out.append(_wrong_peer_finding(
             rank, x, senders,
             f"rank {q} sent rank {rank} {sends[(q, rank)]} messages, of which rank {rank} received {recvs[(rank, q)]}",
-            f"rank {peer} sent rank {rank} {sends[(peer, rank)]} messages in all: never its message #{k + 1}"))
+            f"rank {peer} sent rank {rank} {sends[(peer, rank)]} messages in all: never its message #{k + 1}",
+            " more" if sends[(peer, rank)] else ""))
     return out
 
 
