@@ -36,7 +36,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # the digests, publications and their comparison (pure); re-exported here, where they always were
 from hangdoc.runtime.detect_digest import (  # noqa: F401
@@ -245,6 +245,10 @@ class Detector:
         # who publishes (hangdoc.runtime.detect_gone looks a member on its own host up in /proc), and
         # whether this is its last word on its way out through Python (then its end is no mystery)
         out["host"], out["pid"] = self.node.host if self.node else None, os.getpid()
+        if quiet:
+            pend = self._blocked_elsewhere(out.get("last"))
+            if pend:
+                out["pend"] = pend
         if quiet:  # where this rank's own calls broke its loop (hangdoc.runtime.detect_pattern)
             brk = self._own_break()
             if brk is not None:
@@ -282,6 +286,23 @@ class Detector:
         if forked is not None:
             return node.claim(detect_fork.verdict(node.rank, forked, self.digests, self._describe), now)
         return None
+
+    def _blocked_elsewhere(self, last: Any) -> List[str]:
+        """Groups other than that of this rank's latest call in which a call that blocks its host
+        thread (synchronous, on no CUDA stream) is still in flight: another thread of the rank waits
+        there (a checkpoint thread's barrier on a group of its own), read by the cross-group check
+        (hangdoc.runtime.detect_groups). From the recorder's newest record per group."""
+        from hangdoc.runtime import recorder
+
+        r = recorder.get()
+        if r is None:
+            return []
+        newest: Dict[str, Any] = {}
+        for rec in list(r._buf)[-4096:]:  # one C-level copy: consistent
+            newest[rec[recorder._GROUP][0]] = rec
+        return sorted(g for g, rec in newest.items()
+                      if g != last and rec[recorder._STATE] == "issued" and not rec[recorder._ASYNC]
+                      and rec[recorder._STREAM] is None and not str(rec[recorder._OP]).startswith(("send", "recv")))[:8]
 
     def _own_break(self, queued: bool = False) -> Optional[Dict[str, Any]]:
         from hangdoc.runtime import detect_pattern, detect_queue, recorder

@@ -8,10 +8,12 @@ order on one rank does exactly this (``examples/bugs/group_order.py``), as does 
 opposite orders (``examples/bugs/opposite_groups.py``).
 
 The check, on a rank that went quiet: its latest call is in group G at count n; a member q of G,
-quiet too, has issued fewer than n calls in G, and q's latest call is in another group H at count
-m, of which this rank is a member and has issued fewer than m. Then each waits for the other: a
-cycle. The sides are the ranks whose latest call is in G and those whose latest is in H (among the
-publications read); the smaller side is named, or both when they are as large.
+quiet too, has issued fewer than n calls in G, and q waits in another group H at count m (its
+latest call is there, or another of its threads sits in a call there: ``pend``, a checkpoint
+thread's barrier on a group of its own, ``examples/bugs/async_ckpt_side_barrier.py``), of which
+this rank is a member and has issued fewer than m. Then each waits for the other: a cycle. The
+sides are the ranks waiting in G and those waiting in H (among the publications read); the
+smaller side is named, or both when they are as large.
 
     >>> pub = lambda last, g, quiet=True: {"quiet": quiet, "last": last, "g": g}
     >>> side_g = {"1": {"n": 3, "r": [0, 1, 2, 3]}, "2": {"n": 2, "r": [0, 1, 2, 3]}}
@@ -69,16 +71,25 @@ def cross_group_wait(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Opti
         return None
     for q in hypercube(me, g_ranks):
         other = pub_of(q)
-        if not other or not other.get("quiet"):
+        if not other or not other.get("quiet") or count(other, g_name) >= n:
             continue
-        h_name = other.get("last")
-        if not isinstance(h_name, str) or h_name == g_name or count(other, g_name) >= n:
-            continue
-        m = count(other, h_name)
-        if me not in _members(other, h_name, ranks_of(h_name)) or count(mine, h_name) >= m:
-            continue
-        return _verdict(me, mine, q, other, g_name, h_name, pub_of, ranks_of)
+        for h_name in waits_in(other):
+            if h_name == g_name:
+                continue
+            m = count(other, h_name)
+            if me not in _members(other, h_name, ranks_of(h_name)) or count(mine, h_name) >= m:
+                continue
+            return _verdict(me, mine, q, other, g_name, h_name, pub_of, ranks_of)
     return None
+
+
+def waits_in(pub: Dict[str, Any]) -> List[str]:
+    """The groups a quiet rank waits in: those where another of its threads sits in a call
+    (``pend``: a checkpoint thread's barrier on a group of its own), then that of its latest call."""
+    pend = pub.get("pend")
+    out = [g for g in pend if isinstance(g, str)][:8] if isinstance(pend, list) else []
+    last = pub.get("last")
+    return out + ([last] if isinstance(last, str) and last not in out else [])
 
 
 def hypercube(me: int, ranks: Sequence[int]) -> List[int]:
@@ -110,9 +121,10 @@ def _verdict(me: int, mine: Dict[str, Any], q: int, other: Dict[str, Any], g_nam
         if r in pubs:
             continue
         p = pub_of(r)
-        if p and p.get("quiet") and p.get("last") in sides:
+        side = next((g for g in waits_in(p) if g in sides), None) if p and p.get("quiet") else None
+        if side is not None:
             pubs[r] = p
-            sides[p["last"]].append(r)
+            sides[side].append(r)
     a, b = sorted(sides[g_name]), sorted(sides[h_name])
     if len(a) == len(b):
         deviants, agreeing, dev_group, agree_group = sorted(a + b), [], h_name, g_name
