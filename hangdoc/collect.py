@@ -26,7 +26,9 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -318,9 +320,24 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 # -- dumpers -----------------------------------------------------------------------------------
+def find_pyspy() -> Optional[str]:
+    """py-spy on PATH, else the one beside this interpreter (``pip install py-spy`` into a venv
+    puts it in the venv's ``bin``, which a ``/path/venv/bin/python -m hangdoc dump`` run from
+    cron, sudo or a job script often does not have on PATH): gdb's stacks lose thread names."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    here = os.path.join(os.path.dirname(os.path.abspath(sys.executable or "")), "py-spy")
+    try:
+        st = os.stat(here)
+    except OSError:
+        return None
+    return here if stat.S_ISREG(st.st_mode) and os.access(here, os.X_OK) else None
+
+
 def pyspy_dump(pid: int, native: bool = False, locals_: bool = False, nonblocking: bool = False,
                timeout: float = DEFAULT_TIMEOUT, pyspy: Optional[str] = None) -> Attempt:
-    exe = pyspy or shutil.which("py-spy")
+    exe = pyspy or find_pyspy()
     if not exe:
         return Attempt(False, how="py-spy", reason="py-spy not installed")
     cmd = [exe, "dump", "--pid", str(pid)]

@@ -183,3 +183,15 @@ def test_the_output_prefixer_s_drainer_is_not_dumped_as_part_of_the_job(tmp_path
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
+
+
+def test_py_spy_beside_the_interpreter_is_found_without_path(monkeypatch):
+    """A venv's py-spy (``pip install py-spy``) sits beside its python; ``venv/bin/python -m hangdoc
+    dump`` from a script or cron often has no venv on PATH, and gdb's stacks lose thread names."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "py-spy")
+    if not os.path.isfile(beside):
+        pytest.skip("no py-spy beside this interpreter")
+    from hangdoc import collect
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert collect.find_pyspy() == beside

@@ -197,11 +197,14 @@ def findings(report: Report) -> List[Finding]:
             kind, head = "p2p-cycle", f"send/recv cycle between {describe_ranks(ranks)}: each waits for the other"
             advice = ["Order sends and receives so that one side sends first (e.g. even ranks send, odd ranks "
                       "receive), or use batch_isend_irecv / isend+irecv for the whole exchange."]
-        elif len(streams) > 1:  # (one stream on every rank, host or CUDA: an order deadlock, below)
+        elif len(streams) > 1 and "host" not in streams:
+            # (one stream on every rank, host or CUDA: an order deadlock, below; a host call of one
+            # group, gloo's, against a CUDA call of another is no stream of the same work: below too)
             kind, head = "stream-misplacement", f"cross-stream deadlock between {describe_ranks(ranks)}"
             advice = ["Issue the same collective on the same stream on every rank."]
         elif (broke := _broke_period(report, records, c, pending_ev)) is not None:
-            out.append(broke)
+            if not any(f.summary == broke.summary for f in out):
+                out.append(broke)
             continue
         else:
             sides = _sides(records, c.records)
