@@ -78,3 +78,15 @@ def test_the_headline_names_the_skipped_call(fix, name, skipped):
     assert r.returncode == 0, r.stderr
     head = json.loads(r.stdout)["findings"][0]["summary"]
     assert skipped in head, head
+
+
+def test_a_rank_that_failed_first_heads_the_report_over_others_going_on_without_it():
+    """What the in-job report had (ranks 0-2 of 4): rank 2 raised in scatter's argument check, rank
+    1 then went on into the next all_reduce. The records read that as rank 1's extra call."""
+    d = os.path.join(FIX, "scatter_list_node_reader", "at-the-stall")
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json", d],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    head = json.loads(r.stdout)["findings"][0]
+    assert head["kind"] == "rank-failed" and [c["rank"] for c in head["culprits"]] == [2], head["summary"]
+    assert any("going on without it" in e for e in head["evidence"])

@@ -208,10 +208,28 @@ def _raised_first(report: Report, found: List[Finding], origins: Dict[int, str])
         ranks = _ranks(f)
         if not ranks <= raised or ranks & pending:
             continue
+        failed_at = max((r.time_issued for r in report.job.records if r.rank in ranks
+                         and isinstance(r.time_issued, (int, float))), default=None)
         for m in found:
-            if m.kind == "collective-mismatch" and m.confidence >= f.confidence and _ranks(m) and _ranks(m) <= ranks:
+            if m.kind != "collective-mismatch" or m.confidence < f.confidence or not _ranks(m):
+                continue
+            if _ranks(m) <= ranks:
                 f.confidence = min(0.99, m.confidence + 0.01)
                 f.evidence.append(f"the {origins.get(id(m), 'records')} agree, as its consequence: {m.summary}")
+            elif not _ranks(m) & ranks and failed_at is not None and _after(report, _ranks(m), failed_at):
+                # other ranks diverged only after this rank's last call: they went on without it
+                f.confidence = min(0.99, m.confidence + 0.01)
+                f.evidence.append(f"after it failed, the {origins.get(id(m), 'records')} show the others "
+                                  f"going on without it: {m.summary}")
+
+
+def _after(report: Report, ranks: frozenset, when: float) -> bool:
+    """Whether every rank of ``ranks`` issued its first call not seen completed (pending or failed) after ``when``."""
+    firsts: Dict[int, float] = {}
+    for r in report.job.records:
+        if r.rank in ranks and r.state != "completed" and isinstance(r.time_issued, (int, float)):
+            firsts[r.rank] = min(firsts.get(r.rank, r.time_issued), r.time_issued)
+    return set(firsts) == set(ranks) and all(t > when for t in firsts.values())
 
 
 def _drop_explained_p2p(report: Report, found: List[Finding]) -> List[Finding]:

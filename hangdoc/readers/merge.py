@@ -203,8 +203,8 @@ def _merge_duplicates(job: Job) -> None:
         _, keep = max(enumerate(same), key=lambda ip: (ip[1].status == STATUS_OK, _frame_count(ip[1]), ip[0]))
         keep.meta["snapshots"] = sum(p.meta.get("snapshots", 1) for p in same)  # a file's repeats count
         stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
-        if _raise_dump(same, keep):
-            pass  # one dump of a raise: the main thread is where it raised, not a second snapshot
+        if _raise_dump(same, keep) or _thread_error_in_front(same, keep):
+            pass  # one dump with a traceback in front of its threads, not a second snapshot
         elif len(stacks) > 1:
             keep.meta["moved"] = True
         for p in same:
@@ -244,6 +244,20 @@ def _raise_dump(same: List[Process], keep: Process) -> bool:
     threads = [t for t in keep.threads if t is not main]
     keep.threads = [Thread(ident=main.ident if main is not None else raised.ident, name=raised.name, frames=raised.frames,
                            state=raised.state, is_main=True)] + threads
+    keep.meta.setdefault("exception", tb.meta.get("exception"))
+    return True
+
+
+def _thread_error_in_front(same: List[Process], keep: Process) -> bool:
+    """The watchdog's stall dump of a rank one of whose threads died of an exception: that thread's
+    traceback, then every thread's stack under the same tag line. One process: the snapshot, with
+    the exception noted. True when ``same`` is such a pair."""
+    if len(same) != 2 or keep.format not in _SNAPSHOT_FORMATS:
+        return False
+    tb = next((p for p in same if p is not keep and p.format == "traceback" and p.source == keep.source
+               and p.meta.get("reason") == keep.meta.get("reason") and p.meta.get("exception")), None)
+    if tb is None:
+        return False
     keep.meta.setdefault("exception", tb.meta.get("exception"))
     return True
 

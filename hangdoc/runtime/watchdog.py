@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from hangdoc.runtime import signal_file
 from hangdoc.runtime.options import signal_number
@@ -149,6 +149,7 @@ class Watchdog:
         # Until the first progress the process is still importing torch and meeting the other
         # ranks: that can take longer than a short timeout without being a hang.
         self.startup_grace = max(self.hang_timeout, startup_grace)
+        self._peer_look = 0.0  # when _others_stalled may look at the store again
         self._armed = False
         # Often enough that the dump comes well within the 5 s budget after the timeout, rarely
         # enough that the thread costs nothing: at most 4 wake-ups a second.
@@ -190,6 +191,7 @@ class Watchdog:
             self._recorder = _enable_recorder(self.out_dir)
         if self.signum is not None:
             self._register_signal()
+        self._hook_thread_errors()
         if self.report and not self.no_files:
             from hangdoc.runtime import fatal
             from hangdoc.runtime.identity import identity
@@ -228,8 +230,33 @@ class Watchdog:
         finally:
             fatal.disarm()  # SIGTERM ends the process with no atexit: no empty fatal file left behind
 
+    def _hook_thread_errors(self) -> None:
+        """Keep the traceback of a thread that died of an exception (a prefetch thread whose queue the
+        main thread then waits on for ever): a stall's dump starts with it. Python prints it to stderr
+        only, which the output directory would not have. The job's own hook still runs."""
+        before = threading.excepthook
+
+        def hook(args: Any) -> None:
+            try:
+                if args.exc_type is not SystemExit and len(self.thread_errors) < 4:
+                    name = getattr(args.thread, "name", "?")
+                    import traceback
+
+                    self.thread_errors.append(f"Exception in thread {name}:\n" + "".join(
+                        traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)))
+            except Exception:
+                pass
+            before(args)
+
+        self.thread_errors: List[str] = []
+        self._excepthook = (before, hook)
+        threading.excepthook = hook
+
     def stop(self) -> None:
         self._stop.set()
+        hooks = getattr(self, "_excepthook", None)
+        if hooks is not None and threading.excepthook is hooks[1]:
+            threading.excepthook = hooks[0]
         if self.report:
             from hangdoc.runtime import fatal, on_term
 
@@ -350,6 +377,12 @@ class Watchdog:
             exchange.prepare()
             self._store_ready = exchange.prepared()
         limit = self.limit() if self._armed else self.startup_grace
+        if not self._armed and not self._stalled and now - self.last_progress >= self.hang_timeout \
+                and now >= self._peer_look and self._others_stalled():
+            # no call of this rank ever completed (still its startup grace), and another rank has
+            # reported a stall: the job is past its start, this rank is stuck in its first call
+            # (a broadcast from a root nobody else names); its stacks belong in that report
+            limit = self.hang_timeout
         if not self._stalled and now - self.last_progress >= limit:
             self._stalled = True
             self.stalls += 1
@@ -361,6 +394,24 @@ class Watchdog:
             waited = now - self.last_progress
             self._next_dump = self.last_progress + self.redump_factor * waited
             self._on_stall("still no progress after %.1fs" % waited)
+
+    def _others_stalled(self) -> bool:
+        """Whether rank 0, or a rank that took the report over, has posted a stall to the job's
+        store (looked at once a second at most, only while this rank has never made progress)."""
+        self._peer_look = time.monotonic() + 1.0
+        if not self.report or not self._store_ready:
+            return False
+        try:
+            from hangdoc.runtime import exchange
+            from hangdoc.runtime.identity import identity
+
+            store = exchange.job_store()
+            if store is None:
+                return False
+            keys = [exchange.CLAIM] + ([exchange.KEY.format(rank=0)] if identity().rank != 0 else [])
+            return any(exchange.has_key(store, k) for k in keys)
+        except Exception:
+            return False
 
     def limit(self) -> float:
         """Seconds without progress that make a stall: ``hang_timeout``, or with ``auto``
@@ -464,6 +515,9 @@ class Watchdog:
         tag = _tag_line(ident, reason, self)
         if traceback_text is None:
             traceback_text = _faulthandler_text()
+            errors = list(getattr(self, "thread_errors", ()))
+            if errors:  # the tracebacks, then the threads as a block of their own under the tag line
+                traceback_text = "\n".join(errors) + "\n" + tag + "\n" + traceback_text
         files = {file_name("stacks", ident): tag + "\n" + traceback_text}
         rec = self._recorder
         if rec is not None:
