@@ -34,6 +34,16 @@ def test_an_exception_from_inside_a_collective_is_a_consequence():
     assert v.text.startswith("rank 2 raised ValueError: loss is nan at train.py:1 in <module>")
 
 
+def test_torch_s_own_argument_check_inside_a_collective_is_the_ranks_error():
+    """``scatter(..., scatter_list=...)`` on a non-source rank, a send to itself: torch.distributed
+    raises ValueError before anything is sent (examples/bugs/scatter_list_node_reader.py)."""
+    inside = os.path.join("site-packages", "torch", "distributed", "distributed_c10d.py")
+    e = _raise_from(os.sep + inside, ValueError("Argument ``scatter_list`` must NOT be specified on non-source ranks."))
+    assert not detect_failed.from_a_collective(e)
+    v = detect_failed.verdict(e, 2, Digests(), DESCRIBE)
+    assert (v.kind, v.deviants) == ("rank-failed", [2])
+
+
 def test_after_a_sigterm_an_exception_is_the_teardowns(monkeypatch):
     e = _raise_from("train.py", RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly"))
     assert detect_failed.verdict(e, 1, Digests(), DESCRIBE) is not None

@@ -5,9 +5,9 @@ process lives (a non-daemon thread keeps it alive after its main thread died) or
 ends the job; either way the exception is the cause, and the detector says so at once, naming the
 exception, where it was raised and the last call this rank issued.
 
-An exception raised from inside a torch.distributed call is left alone: that is how a rank learns
-that another one failed (gloo's ``Connection closed by peer`` when the culprit aborted), a
-consequence and not the cause. So is one raised after a SIGTERM came: the launcher is ending the
+A ``RuntimeError`` raised from inside a torch.distributed call is left alone: that is how a rank
+learns that another one failed (gloo's ``Connection closed by peer`` when the culprit aborted), a
+consequence and not the cause; torch's own argument checks there (``ValueError``) are the rank's. So is one raised after a SIGTERM came: the launcher is ending the
 job, and what fails then (a DataLoader whose workers it killed) fails because of that.
 
     >>> from hangdoc.runtime.detect_digest import Digests
@@ -35,7 +35,13 @@ _DIST = os.sep + os.path.join("torch", "distributed") + os.sep
 
 
 def from_a_collective(e: BaseException) -> bool:
-    """Whether the exception was raised inside a torch.distributed call."""
+    """Whether the exception came out of a torch.distributed call's communication: a
+    ``RuntimeError`` (gloo's, NCCL's, torch's ``DistError`` family) raised inside one. A
+    ``ValueError`` or ``TypeError`` from torch.distributed's own checks of its arguments (a
+    ``scatter_list`` on a non-source rank, a send to itself) is this rank's own error, raised
+    before anything was sent."""
+    if not isinstance(e, RuntimeError):
+        return False
     tb = e.__traceback__
     while tb is not None:
         if _DIST in tb.tb_frame.f_code.co_filename:
