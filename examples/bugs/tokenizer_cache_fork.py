@@ -70,7 +70,7 @@ def main():
                 TOKENIZER.reloading.wait()  # the race, made certain
             hang_point(rank, "epoch 1, first batch" if stale else "epoch 1, all_reduce")
         for batch in loader:  # epoch 1: new workers forked here
-            grad = batch.mean(0) * 1e-3
+            grad = batch.to(w.device).mean(0) * 1e-3  # the worker's CPU batch onto this rank's device (NCCL)
             dist.all_reduce(grad)
             w -= grad / world
             progress(rank, step)
