@@ -491,7 +491,7 @@ def _report(dog: Any, ident: Any, entries: Dict[int, Dict[str, Any]], world: int
 
 
 def _write_file(out_dir: str, path: str, text: str) -> None:
-    from hangdoc.runtime.watchdog import _write_file as write
+    from hangdoc.runtime.dump_files import write_file as write
 
     write(out_dir, path, text)
 

@@ -196,7 +196,7 @@ def _reporter(ident: Any, out_dir: str, since: float) -> Optional[List[int]]:
 
 def _run(dog: Any, ident: Any, why: str, raised: bool, gone: List[int]) -> bool:
     from hangdoc.runtime import exchange, on_term
-    from hangdoc.runtime.watchdog import _write_file
+    from hangdoc.runtime.dump_files import write_file as _write_file
 
     world = ident.world_size
     if getattr(dog, "_recorder", None) is None:

@@ -66,7 +66,7 @@ def retract(dog: Any, waited: float, say: Any) -> None:
         return
     from hangdoc.model import Job, Report
     from hangdoc.renderers import render
-    from hangdoc.runtime.watchdog import _write_file
+    from hangdoc.runtime.dump_files import write_file as _write_file
 
     report = Report(job=Job())
     report.findings = [finding]

@@ -63,7 +63,7 @@ def write_status(out_dir: str, processes: List[object]) -> None:
     not dump (tag line with its status, one ``Error:`` line), so that ``hangdoc aggregate`` of the
     output directory knows it too. Best effort."""
     from hangdoc.runtime.options import KINDS
-    from hangdoc.runtime.watchdog import _write_file
+    from hangdoc.runtime.dump_files import write_file as _write_file
 
     for p in processes:
         name = KINDS["stacks"].format(host=p.host, rank=p.rank, local_rank=p.rank, pid=p.pid)

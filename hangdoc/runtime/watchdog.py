@@ -40,7 +40,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from hangdoc.runtime import signal_file
+from hangdoc.runtime import dump_files, signal_file
+from hangdoc.runtime.dump_files import faulthandler_text as _faulthandler_text, write_file as _write_file
 from hangdoc.runtime.options import signal_number
 from hangdoc.runtime.signal_file import SIGNAL_ENV
 
@@ -191,7 +192,8 @@ class Watchdog:
             self._recorder = _enable_recorder(self.out_dir)
         if self.signum is not None:
             self._register_signal()
-        self._hook_thread_errors()
+        self.thread_errors: List[str] = []
+        self._excepthook = dump_files.keep_thread_errors(self.thread_errors)
         if self.report and not self.no_files:
             from hangdoc.runtime import fatal
             from hangdoc.runtime.identity import identity
@@ -230,33 +232,9 @@ class Watchdog:
         finally:
             fatal.disarm()  # SIGTERM ends the process with no atexit: no empty fatal file left behind
 
-    def _hook_thread_errors(self) -> None:
-        """Keep the traceback of a thread that died of an exception (a prefetch thread whose queue the
-        main thread then waits on for ever): a stall's dump starts with it. Python prints it to stderr
-        only, which the output directory would not have. The job's own hook still runs."""
-        before = threading.excepthook
-
-        def hook(args: Any) -> None:
-            try:
-                if args.exc_type is not SystemExit and len(self.thread_errors) < 4:
-                    name = getattr(args.thread, "name", "?")
-                    import traceback
-
-                    self.thread_errors.append(f"Exception in thread {name}:\n" + "".join(
-                        traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)))
-            except Exception:
-                pass
-            before(args)
-
-        self.thread_errors: List[str] = []
-        self._excepthook = (before, hook)
-        threading.excepthook = hook
-
     def stop(self) -> None:
         self._stop.set()
-        hooks = getattr(self, "_excepthook", None)
-        if hooks is not None and threading.excepthook is hooks[1]:
-            threading.excepthook = hooks[0]
+        dump_files.release_thread_errors(getattr(self, "_excepthook", None))
         if self.report:
             from hangdoc.runtime import fatal, on_term
 
@@ -544,37 +522,6 @@ class Watchdog:
         else:
             _say(f"hangdoc watchdog: {reason}; wrote {', '.join(self.last_paths)}")
         return self.last_paths
-
-
-def _write_file(out_dir: str, path: str, text: str) -> None:
-    from hangdoc.atomic import write_atomic
-
-    os.makedirs(out_dir, exist_ok=True)
-    # stacks may name anything a frame shows: the job's user's alone
-    write_atomic(path, text, mode=0o600 if os.path.basename(path).startswith("stacks-") else None)
-
-
-def _faulthandler_text() -> str:
-    """Every thread's stack from faulthandler (it writes to a file descriptor, not a Python stream),
-    through a file in memory where there is one: a full disk must not cost the stacks."""
-    memfd = getattr(os, "memfd_create", None)
-    fd = -1
-    if memfd is not None:
-        try:
-            fd = memfd("hangdoc-stacks", getattr(os, "MFD_CLOEXEC", 0))
-        except OSError:
-            fd = -1
-    if fd < 0:
-        with tempfile.TemporaryFile() as f:
-            faulthandler.dump_traceback(file=f, all_threads=True)
-            f.seek(0)
-            return f.read().decode("utf-8", "replace")
-    try:
-        faulthandler.dump_traceback(file=fd, all_threads=True)
-        size = os.fstat(fd).st_size
-        return os.pread(fd, size, 0).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
 
 
 def _after_fork_in_child() -> None:
