@@ -193,9 +193,7 @@ def _killpg(pgid: int) -> None:
 
 def pyspy_dump(pids: Sequence[int], timeout: float = 15.0) -> Dict[int, str]:
     """``py-spy dump`` of each pid, taken in parallel; pids py-spy could not read are left out."""
-    from hangdoc.collect import find_pyspy
-
-    exe = find_pyspy()
+    exe = shutil.which("py-spy")
     if exe is None:
         return {}
     out: Dict[int, str] = {}
