@@ -321,8 +321,7 @@ def _wrong_peers(records: List[CollectiveRecord]) -> List[Finding]:
     return out or _wrong_peers_by_count(records)
 
 
-def _waits_for(records: List[CollectiveRecord], first: Dict[int, Tuple[CollectiveRecord, int]], peer: int,
-               rank: int) -> bool:
+def _waits_for(records: List[CollectiveRecord], peer: int, rank: int) -> bool:
     """Whether ``peer``'s first call not seen completed waits for ``rank``: a receive from it, or a
     collective of a group holding ``rank`` that ``rank`` has not issued."""
     mine = sorted((r for r in records if r.rank == peer), key=lambda r: r.seq)
@@ -364,9 +363,10 @@ def _wrong_peers_by_count(records: List[CollectiveRecord]) -> List[Finding]:
     sends: Dict[Tuple[int, int], int] = defaultdict(int)
     recvs: Dict[Tuple[int, int], int] = defaultdict(int)
     first: Dict[int, Tuple[CollectiveRecord, int]] = {}  # rank -> its first pending receive, and its number from that peer
-    lows: Dict[int, int] = {}
-    for r in sorted(records, key=lambda r: (r.rank, r.seq)):
-        lows.setdefault(r.rank, r.seq)
+    lows: Dict[Tuple[int, str], int] = {}  # (rank, group) -> its first number there
+    # in the order each rank issued them (numbers count per group)
+    for r in sorted(records, key=lambda r: (r.rank, r.time_issued if isinstance(r.time_issued, (int, float)) else 0.0, r.seq)):
+        lows[(r.rank, r.group)] = min(lows.get((r.rank, r.group), r.seq), r.seq)
         if r.op not in sequence.P2P_OPS or r.peer is None:
             continue
         if r.op in sequence._SENDS:
@@ -377,12 +377,13 @@ def _wrong_peers_by_count(records: List[CollectiveRecord]) -> List[Finding]:
         recvs[(r.rank, r.peer)] += 1
     if any(v != 0 for v in lows.values()):
         return []  # a ring buffer that dropped its oldest calls: the counts are not whole
+    ranks = {rank for rank, _ in lows}
     out = []
     for rank, (x, k) in sorted(first.items()):
         peer = x.peer
-        if peer not in lows or sends[(peer, rank)] > k or not _waits_for(records, first, peer, rank):
+        if peer not in ranks or sends[(peer, rank)] > k or not _waits_for(records, peer, rank):
             continue  # its peer's records are not here, it sends that message, or it is held up elsewhere
-        senders = sorted(q for q in lows if q not in (rank, peer) and sends[(q, rank)] > recvs[(rank, q)] > 0)
+        senders = sorted(q for q in ranks if q not in (rank, peer) and sends[(q, rank)] > recvs[(rank, q)] > 0)
         if not senders:
             continue
         q = senders[0]
