@@ -33,7 +33,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from hangdoc.analysis.signatures import wait_of
-from hangdoc.model import CollectiveRecord, Finding, Report
+from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
 
 #: above the stacks' verdicts (the call site is exact on both sides), below the records' own
@@ -136,7 +136,8 @@ def _aborted_in_the_same_call(op: str, site: Tuple[str, int, str], seqs: tuple, 
         culprits, candidates = [p.culprit() for p, _ in died], []
         summary += f"; {describe_ranks(aborted)}, the smaller side, passed what the others did not"
     elif len(waiting) < len(aborted):
-        culprits, candidates = [], []
+        culprits = [Culprit(host=r.host, pid=r.pid, rank=r.rank) for k, r in sorted(died[0][1].items()) if k in waiting]
+        candidates = []
         summary += f"; {describe_ranks(waiting)}, the smaller side, passed what the others did not"
     else:
         culprits, candidates = [], [p.culprit() for p, _ in died]
@@ -148,14 +149,5 @@ def _aborted_in_the_same_call(op: str, site: Tuple[str, int, str], seqs: tuple, 
                 f"{describe_ranks(waiting)}: their records end in {op}{num} at {where} ({'; '.join(shapes)}), never completed"]
     advice = [f"Compare what {describe_ranks(aborted)} and {describe_ranks(waiting)} pass to {op} at {site[0]}:{site[1]} "
               "(the last batch of an uneven split, a dtype cast on one path): every rank must pass the same sizes and types."]
-    f = Finding("collective-mismatch", summary, culprits, evidence, advice, confidence=CONFIDENCE_SIDES,
-                candidates=candidates)
-    if len(waiting) < len(aborted):
-        f.culprits = [c for r in records.values() for c in [_culprit_of(r)] if r.rank in waiting][:len(waiting)]
-    return [f]
-
-
-def _culprit_of(r: CollectiveRecord):
-    from hangdoc.model import Culprit
-
-    return Culprit(host=r.host, pid=r.pid, rank=r.rank)
+    return [Finding("collective-mismatch", summary, culprits, evidence, advice, confidence=CONFIDENCE_SIDES,
+                    candidates=candidates)]

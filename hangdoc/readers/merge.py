@@ -203,7 +203,7 @@ def _merge_duplicates(job: Job) -> None:
         _, keep = max(enumerate(same), key=lambda ip: (ip[1].status == STATUS_OK, _frame_count(ip[1]), ip[0]))
         keep.meta["snapshots"] = sum(p.meta.get("snapshots", 1) for p in same)  # a file's repeats count
         stacks = {_python_stack(p) for p in same if p.status == STATUS_OK}
-        if _raise_dump(same, keep) or _thread_error_in_front(same, keep):
+        if _traceback_in_front(same, keep):
             pass  # one dump with a traceback in front of its threads, not a second snapshot
         elif len(stacks) > 1:
             keep.meta["moved"] = True
@@ -229,34 +229,27 @@ def _merge_duplicates(job: Job) -> None:
         job.processes[:] = [p for p in job.processes if id(p) not in drop]
 
 
-def _raise_dump(same: List[Process], keep: Process) -> bool:
-    """The watchdog's dump of a rank whose main function raised is the traceback, then every
-    thread's stack taken in the handler, the main thread's inside hangdoc's own dump code. Kept as
-    one process: the snapshot's threads, with the traceback's main thread (where it raised) in
-    place of the handler's. True when ``same`` is such a pair and ``keep`` was mended."""
-    if len(same) != 2 or not str(keep.meta.get("reason", "")).startswith("raised_"):
-        return False
-    tb = next((p for p in same if p is not keep and p.format == "traceback" and p.meta.get("reason") == keep.meta["reason"]), None)
-    raised = tb.main_thread if tb is not None else None
-    if raised is None or not raised.frames or keep.format not in _SNAPSHOT_FORMATS:
-        return False
-    main = keep.main_thread
-    threads = [t for t in keep.threads if t is not main]
-    keep.threads = [Thread(ident=main.ident if main is not None else raised.ident, name=raised.name, frames=raised.frames,
-                           state=raised.state, is_main=True)] + threads
-    keep.meta.setdefault("exception", tb.meta.get("exception"))
-    return True
-
-
-def _thread_error_in_front(same: List[Process], keep: Process) -> bool:
-    """The watchdog's stall dump of a rank one of whose threads died of an exception: that thread's
-    traceback, then every thread's stack under the same tag line. One process: the snapshot, with
-    the exception noted. True when ``same`` is such a pair."""
+def _traceback_in_front(same: List[Process], keep: Process) -> bool:
+    """The watchdog writes a traceback in front of every thread's stack, under the same tag line:
+    the main function's when it raised (then the main thread's stack is in hangdoc's own dump code,
+    and the traceback's main thread, where it raised, takes its place), or a thread's that died of
+    an exception before a stall. One process either way, the exception noted, not two snapshots
+    of a moving one. True when ``same`` is such a pair and ``keep`` was mended."""
     if len(same) != 2 or keep.format not in _SNAPSHOT_FORMATS:
         return False
-    tb = next((p for p in same if p is not keep and p.format == "traceback" and p.source == keep.source
-               and p.meta.get("reason") == keep.meta.get("reason") and p.meta.get("exception")), None)
+    reason = str(keep.meta.get("reason", ""))
+    tb = next((p for p in same if p is not keep and p.format == "traceback" and p.meta.get("reason") == reason), None)
     if tb is None:
+        return False
+    if reason.startswith("raised_"):
+        raised = tb.main_thread
+        if raised is None or not raised.frames:
+            return False
+        main = keep.main_thread
+        threads = [t for t in keep.threads if t is not main]
+        keep.threads = [Thread(ident=main.ident if main is not None else raised.ident, name=raised.name,
+                               frames=raised.frames, state=raised.state, is_main=True)] + threads
+    elif tb.source != keep.source or not tb.meta.get("exception"):
         return False
     keep.meta.setdefault("exception", tb.meta.get("exception"))
     return True

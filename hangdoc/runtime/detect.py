@@ -297,12 +297,15 @@ class Detector:
         r = recorder.get()
         if r is None:
             return []
-        newest: Dict[str, Any] = {}
-        for rec in list(r._buf)[-4096:]:  # one C-level copy: consistent
-            newest[rec[recorder._GROUP][0]] = rec
-        return sorted(g for g, rec in newest.items()
-                      if g != last and rec[recorder._STATE] == "issued" and not rec[recorder._ASYNC]
-                      and rec[recorder._STREAM] is None and not str(rec[recorder._OP]).startswith(("send", "recv")))[:8]
+        try:  # an extra of the publication: never the reason it is not made
+            newest: Dict[str, Any] = {}
+            for rec in list(r._buf)[-4096:]:  # one C-level copy: consistent
+                newest[rec[recorder._GROUP][0]] = rec
+            return sorted(g for g, rec in newest.items()
+                          if g != last and rec[recorder._STATE] == "issued" and not rec[recorder._ASYNC]
+                          and rec[recorder._STREAM] is None and not str(rec[recorder._OP]).startswith(("send", "recv")))[:8]
+        except Exception:
+            return []
 
     def _own_break(self, queued: bool = False) -> Optional[Dict[str, Any]]:
         from hangdoc.runtime import detect_pattern, detect_queue, recorder
