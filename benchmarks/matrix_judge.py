@@ -86,8 +86,8 @@ DETECT_KINDS = ("collective-mismatch", "p2p-stall", "p2p-cycle", "rank-failed", 
 def from_divergence(div: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """``--detect``'s ``divergence.json``: its deviants, and its kind (a collective mismatch unless it
     names another)."""
-    if not div or not div.get("deviants"):
-        return None
+    if not div or not div.get("deviants") or div.get("resumed_after") is not None:
+        return None  # (a stall the stalled rank went on from: withdrawn by the detector itself)
     kind = div.get("kind") if div.get("kind") in DETECT_KINDS else "collective-mismatch"
     return {"kind": kind, "culprits": sorted(set(int(r) for r in div["deviants"])),
             "summary": div.get("summary", "")}

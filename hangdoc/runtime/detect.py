@@ -53,6 +53,10 @@ __all__ = ["start", "stop", "get", "DivergenceError", "Detector", "Verdict", "PO
 
 POLICIES = ("warn", "dump", "abort")
 
+#: records looked at for the pauses between this rank's calls, and publications read for who waits
+#: for a stalled rank (hangdoc.runtime.detect_stall)
+STALL_RECORDS = 256
+WAITING_READS = 8
 #: the most a process's exit waits for its last publication
 FINAL_WAIT = 2.0
 #: publications at once when a rank issues a collective of a signature it never issued before (the
@@ -121,9 +125,12 @@ class Detector:
         #: look at its children forked with a lock held (_own_lock)
         self._lock_at = 0.0
         self._lock_order: Optional[tuple] = None  # the lock-wait cycle seen at the last look
-        from hangdoc.runtime import detect_fork
+        #: (calls issued, when) at a stall this rank reported of itself (_resumed)
+        self._stall_mark: Optional[Tuple[int, float]] = None
+        from hangdoc.runtime import detect_fork, detect_stall
 
         self._fork_watch = detect_fork.Watch()
+        self._stall_watch = detect_stall.Watch()
         #: (calls issued when computed, {queued: this rank's loop break, over the last RECENT calls or,
         #: for detect_queue, the last QUEUED}) (see _own_break)
         self._brk: Tuple[int, Dict[bool, Optional[Dict[str, Any]]]] = (-1, {})
@@ -145,9 +152,10 @@ class Detector:
         recorder._PASS_THROUGH = (DivergenceError,)
         recorder._detect = self.digests.hook
         self.digests.on_new[0] = self._early
-        from hangdoc.runtime import detect_fork
+        from hangdoc.runtime import detect_fork, detect_stall
 
         detect_fork.install()
+        detect_stall.install()
         recorder._detect_p2p = self.digests.hook_p2p
         self._thread = threading.Thread(target=self._run, name="hangdoc-detect", daemon=True)
         self._thread.start()
@@ -172,9 +180,10 @@ class Detector:
         if recorder._detect_p2p is self.digests.hook_p2p:
             recorder._detect_p2p = None
         self.digests.on_new[0] = None
-        from hangdoc.runtime import detect_fork
+        from hangdoc.runtime import detect_fork, detect_stall
 
         detect_fork.uninstall()
+        detect_stall.uninstall()
         self._stop.set()
         self._wake.set()
         t = self._thread
@@ -268,8 +277,10 @@ class Detector:
         itself (hangdoc.runtime.detect_lock) is the verdict, certain at once; so are its threads
         waiting for each other's locks in a cycle (hangdoc.runtime.detect_lock_order) and its main
         thread waiting for a child blocked on a lock another thread held at the fork
-        (hangdoc.runtime.detect_fork), each once seen twice."""
-        from hangdoc.runtime import detect_fork, detect_lock, detect_lock_order
+        (hangdoc.runtime.detect_fork), each once seen twice; and, once it stood long enough while
+        another rank waits for this one, its main thread waiting for a DataLoader worker that
+        stopped or for a thread that died (hangdoc.runtime.detect_stall)."""
+        from hangdoc.runtime import detect_fork, detect_lock, detect_lock_order, detect_stall
 
         now = time.monotonic()
         if now - node.last_change < QUIET or now - self._lock_at < 1.0:
@@ -285,6 +296,45 @@ class Detector:
         forked = self._fork_watch.look(now)
         if forked is not None:
             return node.claim(detect_fork.verdict(node.rank, forked, self.digests, self._describe), now)
+        stall = self._stall_watch.look(now, self._stall_after())
+        if stall is not None:
+            waiting = self._waiting_for(node)
+            if waiting is not None:
+                return node.claim(detect_stall.verdict(node.rank, stall, waiting, self.digests, self._describe), now)
+        return None
+
+    def _stall_after(self) -> float:
+        """How long this rank's main thread must stand at one wait to be stalled: from the pauses
+        between its recent calls (hangdoc.runtime.detect_stall.threshold)."""
+        from hangdoc.runtime import detect_stall, recorder
+
+        r = recorder.get()
+        records = list(r._buf)[-STALL_RECORDS:] if r is not None else []  # one C-level copy: consistent
+        return detect_stall.threshold([rec[recorder._T0] for rec in records])
+
+    def _waiting_for(self, node: Node) -> Optional[Dict[str, Any]]:
+        """Who waits for this rank: members of one of its groups (its latest call's first) that are
+        quiet having issued more calls there than it did; read from their publications, at most
+        WAITING_READS of them in all. {"ranks", "group", "index", "entry"} or None."""
+        counts = {name: g.n for name, g in list(self.digests.groups.items())}
+        latest = self.digests.last[0] or "default_pg"
+        reads = 0
+        for name in sorted(counts, key=lambda g: (g != latest, g)):
+            found: List[int] = []
+            entry = None
+            for r in node.ranks_of(name):
+                if r == node.rank:
+                    continue
+                if reads >= WAITING_READS:
+                    break
+                reads += 1
+                pub = node.read(r)
+                g = (pub or {}).get("g", {}).get(name) if isinstance(pub, dict) else None
+                if isinstance(g, dict) and pub.get("quiet") and int(g.get("n", 0)) > counts[name]:
+                    found.append(r)
+                    entry = entry or entry_at(g, counts[name])
+            if found:
+                return {"ranks": found, "group": name, "index": counts[name], "entry": entry}
         return None
 
     def _blocked_elsewhere(self, last: Any) -> List[str]:
@@ -344,7 +394,10 @@ class Detector:
     def _tick_locked(self, final: bool) -> None:
         early, self._early_req = self._early_req, None
         try:
-            if self.verdict is not None or not self._ready():
+            if self.verdict is not None:
+                self._resumed()
+                return
+            if not self._ready():
                 return
             if early is not None and self._early_left > 0:
                 self._early_left -= 1  # only publications count: before the store is ready, none is made
@@ -382,23 +435,43 @@ class Detector:
         t.start()
         t.join(FINAL_WAIT)
 
+    def _resumed(self) -> None:
+        """A stall this rank reported of itself (hangdoc.runtime.detect_stall) that ended: it issued a
+        call since. Said once, and written into divergence.json (``resumed_after``): slow, not hung.
+        The detector stays finished (one verdict per job), as after any verdict."""
+        mark, v = self._stall_mark, self.verdict
+        if mark is None or v is None or self.digests.total() == mark[0]:
+            return
+        self._stall_mark = None
+        v.resumed_after = round(time.monotonic() - mark[1], 1)
+        self._write(v)
+        self._say(f"hangdoc: RESUMED: {', '.join(f'rank {r}' for r in v.deviants)} went on {v.resumed_after:.0f} s "
+                  f"after the stall was reported: slow, not hung (withdrawn: {v.summary})")
+
+    def _write(self, v: Verdict) -> None:
+        try:
+            from hangdoc.atomic import write_atomic
+
+            os.makedirs(self.out_dir, exist_ok=True)
+            write_atomic(os.path.join(self.out_dir, "divergence.json"), json.dumps(v.to_json(), indent=1) + "\n")
+        except Exception as e:
+            self._say(f"hangdoc detect: divergence.json not written: {type(e).__name__}: {e}")
+
     def _act(self, v: Verdict, mine: bool) -> None:
         if self.verdict is not None:
             return
         self.verdict = v
         self.fired_at = time.time()
+        if mine and v.basis == "stall":  # time-based: withdrawn if the rank goes on (_resumed)
+            self._stall_mark = (self.digests.total(), time.monotonic())
         if mine:
             # the file first: on the way out (a rank's last check while its process exits) the
             # process may end right after, and the file is what stays
-            try:
-                from hangdoc.atomic import write_atomic
-
-                os.makedirs(self.out_dir, exist_ok=True)
-                write_atomic(os.path.join(self.out_dir, "divergence.json"), json.dumps(v.to_json(), indent=1) + "\n")
-            except Exception as e:
-                self._say(f"hangdoc detect: divergence.json not written: {type(e).__name__}: {e}")
+            self._write(v)
             self._say(f"hangdoc: DIVERGENCE: {v.summary}")
-        if self.policy == "abort":
+        if self.policy == "abort" and v.basis != "stall":
+            # (a stall is time-based: raising at the stalled rank's next collective would end a job
+            # that only was slow, and the others' next collective comes only after that one)
             self.digests.abort.append(DivergenceError(f"hangdoc: {v.summary}"))
         elif self.policy == "dump":
             self._dump(v)

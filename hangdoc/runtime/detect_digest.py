@@ -387,6 +387,8 @@ class Verdict:
         self.last_good = index - 1
         self.time = time.time()
         self.reporter: Optional[int] = None
+        #: with basis "stall": seconds after the verdict when the stalled rank went on (slow, not hung)
+        self.resumed_after: Optional[float] = None
 
     @property
     def summary(self) -> str:
@@ -418,7 +420,8 @@ class Verdict:
                 "expected": self.agreeing_entry, "basis": self.basis, "time": self.time, "reporter": self.reporter,
                 "summary": self.summary, **({"other_group": self.other_group} if self.other_group else {}),
                 **({"sides": self.sides} if self.sides else {}),
-                **({"expected_peer": self.expected_peer} if self.expected_peer is not None else {})}
+                **({"expected_peer": self.expected_peer} if self.expected_peer is not None else {}),
+                **({"resumed_after": self.resumed_after} if self.resumed_after is not None else {})}
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "Verdict":
@@ -427,7 +430,7 @@ class Verdict:
         v.time = float(d.get("time") or time.time())
         v.reporter = d.get("reporter")
         v.other_group = d.get("other_group")
-        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break", "lock", "fork") and isinstance(d.get("summary"), str):
+        if v.basis in ("groups", "p2p", "raised", "process", "pattern-break", "lock", "fork", "stall") and isinstance(d.get("summary"), str):
             v.text = d["summary"][:2000]
         if d.get("kind") in KINDS:
             v.kind = d["kind"]

@@ -1,0 +1,273 @@
+"""A rank the others wait for, its main thread blocked outside any collective on what will not come.
+
+Two forms, each a fact about the rank's own process that its stacks alone do not show:
+
+* **a DataLoader worker that stopped**: the main thread waits for batch ``i`` in the DataLoader's
+  ``_get_data``, the worker that owes it (the iterator's ``_task_info[i]``) is alive, sleeps in the
+  kernel (``/proc/PID/stat`` state ``S`` or ``D``, its ``wchan`` named) and has used next to no CPU
+  since the wait began (``examples/bugs/dataloader_getitem.py``: a read of a FIFO nobody writes;
+  a remote read that never returns, a retry loop that sleeps). A worker that computes is slow, not
+  stuck, and is left alone;
+* **a thread that died of an exception** while the main thread waits in the standard library
+  (``queue.get()``, ``Event.wait()``, ``Thread.join()``: ``examples/bugs/prefetch_thread_died_queue.py``,
+  whose prefetch thread raised on a truncated record). Python prints such a traceback on stderr and
+  goes on; the verdict is ``rank-failed`` with that exception.
+
+Both are time-based, so both wait: the main thread must stand at the same wait for
+``max(STALL, PAUSES * the longest pause between this rank's recent calls)`` seconds (a loop whose
+steps include a 10 s data fetch is not flagged at 4 s), and another member of one of its groups
+must be waiting for it (quiet, having issued a call in a group this rank has not issued yet: the
+detector reads that from the partners' publications, :meth:`hangdoc.runtime.detect.Detector._waiting_for`).
+
+Nothing here runs the user's code: the iterator's fields are read from its instance ``__dict__``,
+the kernel's view from ``/proc``; the excepthook keeps at most MAX_ERRORS short tuples, no frames.
+
+    >>> longest_pause([1.0, 1.5, 4.0, 4.2])
+    2.5
+    >>> threshold([0.0, 0.01, 0.02])
+    4.0
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+#: the least time (s) a main thread stands at one wait before it is a stall
+STALL = 4.0
+#: ... or this many times the longest pause between the rank's recent calls, when longer
+PAUSES = 3.0
+#: the worker's CPU use during the wait that still counts as "next to none" (share of the wall time)
+CPU_SHARE = 0.05
+#: thread deaths kept
+MAX_ERRORS = 4
+#: frames of the main thread looked at
+MAX_FRAMES = 64
+_DATA = os.sep + os.path.join("torch", "utils", "data") + os.sep
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+_HANGDOC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: the standard library's waits a main thread sits in for another thread's work
+_WAIT_FILES = ("threading.py", "queue.py", os.path.join("multiprocessing", "queues.py"),
+               os.path.join("multiprocessing", "connection.py"), os.path.join("concurrent", "futures", "_base.py"))
+
+_state: Dict[str, Any] = {"hook": None, "errors": []}
+
+
+def longest_pause(times: Sequence[float]) -> float:
+    """The longest gap between consecutive times (seconds)."""
+    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
+def threshold(times: Sequence[float]) -> float:
+    """How long a wait must stand, from the issue times of the rank's recent calls."""
+    return max(STALL, PAUSES * longest_pause(times))
+
+
+# --- threads that died ----------------------------------------------------------------------------
+
+def install() -> None:
+    """Keep (thread, exception, where, when) of each thread that dies of an exception; the hook
+    before still runs (Python's prints the traceback)."""
+    if _state["hook"] is not None:
+        return
+    before = threading.excepthook
+
+    def hook(args: Any) -> None:
+        try:
+            _note(args)
+        except Exception:
+            pass
+        before(args)
+
+    threading.excepthook = hook
+    _state["hook"] = (before, hook)
+
+
+def uninstall() -> None:
+    hooks = _state["hook"]
+    _state["hook"] = None
+    if hooks is not None and threading.excepthook is hooks[1]:
+        threading.excepthook = hooks[0]
+
+
+def _note(args: Any) -> None:
+    from hangdoc.runtime import on_term
+
+    name = str(getattr(args.thread, "name", "?"))
+    if args.exc_type is SystemExit or name.startswith("hangdoc") or on_term.terminating():
+        return
+    errors = _state["errors"]
+    if len(errors) >= MAX_ERRORS:
+        return
+    tb, site = args.exc_traceback, "?"
+    while tb is not None:  # the innermost frame: where it was raised
+        site = f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    message = str(args.exc_value)[:200] if args.exc_value is not None else ""
+    errors.append((name[:100], f"{args.exc_type.__name__}: {message}" if message else args.exc_type.__name__,
+                   site, time.monotonic()))
+
+
+def thread_errors() -> List[Tuple[str, str, str, float]]:
+    return list(_state["errors"])
+
+
+# --- the main thread's wait -----------------------------------------------------------------------
+
+def _lib(name: str) -> bool:
+    """Whether a frame's file is the standard library's, torch's or hangdoc's (not the user's)."""
+    return (name.startswith((_STDLIB, _HANGDOC, "<")) or (os.sep + "torch" + os.sep) in name)
+
+
+def _user_site(frame: Any) -> Tuple[str, int, str]:
+    """(file, line, "file:line") of the innermost frame outside the standard library, torch and hangdoc."""
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if not _lib(name):
+            return name, f.f_lineno, f"{os.path.basename(name)}:{f.f_lineno}"
+        f = f.f_back
+    return "", 0, "?"
+
+
+def main_frame() -> Any:
+    main = threading.main_thread()
+    return sys._current_frames().get(main.ident) if main.ident is not None else None
+
+
+def dataloader_wait(frame: Any) -> Optional[Dict[str, Any]]:
+    """The batch the main thread waits for from a DataLoader worker, and that worker; None when it
+    does not wait for one (or the batch is there: out of order, kept for later)."""
+    f, depth = frame, 0
+    while f is not None and depth < MAX_FRAMES:
+        if _DATA in f.f_code.co_filename and f.f_code.co_name in ("_get_data", "_try_get_data", "_next_data"):
+            it = f.f_locals.get("self")
+            fields = getattr(it, "__dict__", None)
+            if isinstance(fields, dict) and "_task_info" in fields:
+                break
+        f, depth = f.f_back, depth + 1
+    else:
+        return None
+    try:
+        idx = int(fields["_rcvd_idx"])
+        info = fields["_task_info"].get(idx)
+        if not isinstance(info, tuple) or len(info) != 1:
+            return None  # no task, or its data already came
+        worker = int(info[0])
+        pid = int(fields["_workers"][worker].pid)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+        return None
+    _file, _line, site = _user_site(frame)
+    return {"what": "dataloader", "key": (id(it), idx, worker, pid), "batch": idx, "worker": worker,
+            "pid": pid, "site": site}
+
+
+def thread_wait(frame: Any) -> Optional[Dict[str, Any]]:
+    """Where the main thread waits in the standard library for another thread (a queue, an event, a
+    join), from the user's line; None when it does not."""
+    if frame is None or not frame.f_code.co_filename.startswith(_STDLIB) \
+            or not frame.f_code.co_filename.endswith(_WAIT_FILES):
+        return None
+    file, line, site = _user_site(frame)
+    if not file:
+        return None
+    from hangdoc.runtime.detect_lock import line_of
+    from hangdoc.textsafe import visible
+
+    text = line_of(file, line)
+    code = visible(text.decode("utf-8", "replace").strip())[:120] if text else ""
+    user = frame
+    while user is not None and user.f_code.co_filename != file:
+        user = user.f_back
+    return {"what": "thread", "key": (id(user), line, frame.f_code.co_name), "site": site, "code": code}
+
+
+def process_state(pid: int) -> Optional[Tuple[str, float, str]]:
+    """(state, CPU seconds used, wchan) of a process from /proc; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096).decode("utf-8", "replace")
+        rest = raw[raw.rfind(")") + 2:].split()
+        cpu = (int(rest[11]) + int(rest[12])) / float(os.sysconf("SC_CLK_TCK"))
+        try:
+            with open(f"/proc/{pid}/wchan", "rb") as f:
+                wchan = f.read(64).decode("ascii", "replace").strip() or "?"
+        except OSError:
+            wchan = "?"
+        return rest[0], cpu, wchan
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Watch:
+    """The detector's look, once a second while quiet: the wait that stood long enough, or None."""
+
+    def __init__(self) -> None:
+        #: (key, since, the worker's CPU then)
+        self.first: Optional[Tuple[Any, float, float]] = None
+
+    def look(self, now: float, wait_for: float) -> Optional[Dict[str, Any]]:
+        frame = main_frame()
+        found = dataloader_wait(frame) if frame is not None else None
+        if found is None:
+            errors = thread_errors()
+            found = thread_wait(frame) if errors else None
+            if found is not None:
+                found["error"] = errors[0]
+        if found is None:
+            self.first = None
+            return None
+        cpu = 0.0
+        if found["what"] == "dataloader":
+            st = process_state(found["pid"])
+            if st is None or st[0] not in ("S", "D"):
+                self.first = None  # gone (the DataLoader says so itself) or computing: not a stall
+                return None
+            cpu = st[1]
+            found["wchan"] = st[2]
+        if self.first is None or self.first[0] != found["key"]:
+            self.first = (found["key"], now, cpu)
+            return None
+        since, cpu0 = self.first[1], self.first[2]
+        found["waited"] = now - since
+        if found["waited"] < wait_for:
+            return None
+        if found["what"] == "dataloader":
+            found["cpu"] = cpu - cpu0
+            if found["cpu"] > CPU_SHARE * found["waited"] + 0.05:
+                self.first = (found["key"], now, cpu)  # it works, slowly: look again from here
+                return None
+        return found
+
+
+def verdict(rank: int, found: Dict[str, Any], waiting: Dict[str, Any], digests: Any, describe: Any) -> Any:
+    """``dataloader-stall`` for a worker that stopped, ``rank-failed`` for a thread that died;
+    ``waiting`` = {"ranks", "group", "index", "entry"}: who waits for this rank, and in what."""
+    from hangdoc.ranges import describe_ranks
+    from hangdoc.runtime.detect_digest import Verdict
+    from hangdoc.textsafe import visible
+
+    entry = waiting.get("entry")
+    v = Verdict(waiting["group"], int(waiting["index"]), True, [rank], sorted(waiting["ranks"]), None, entry, "stall")
+    call = f"{entry[1]} at {entry[2]}" if entry else "their next call"
+    verb = "waits" if len(waiting["ranks"]) == 1 else "wait"
+    others = (f"{describe_ranks(sorted(waiting['ranks']))} {verb} for it in {call} "
+              f"(#{int(waiting['index'])} of {waiting['group']})")
+    site = visible(str(found.get("site", "?")))[:200]
+    if found["what"] == "dataloader":
+        v.kind = "dataloader-stall"
+        v.text = (f"{describe_ranks([rank])} waits at {site} for batch {int(found['batch'])} from its DataLoader "
+                  f"worker {int(found['worker'])} (pid {int(found['pid'])}), which has slept in the kernel "
+                  f"({visible(str(found.get('wchan', '?')))[:40]}) for {found['waited']:.0f} s using "
+                  f"{found.get('cpu', 0.0):.2f} s of CPU; {others}")
+    else:
+        v.kind = "rank-failed"
+        name, what, where, _t = found["error"]
+        code = f" (`{found['code']}`)" if found.get("code") else ""
+        v.text = (f"{describe_ranks([rank])}: thread {visible(name)!r} died of {visible(what)} at "
+                  f"{visible(where)}; the main thread has waited at {site}{code} for {found['waited']:.0f} s "
+                  f"since; {others}")
+    return v
