@@ -38,7 +38,8 @@ def judged(name, with_log, fix=FIX):
 # the output directory alone is enough for these (records and watchdog stacks)
 @pytest.mark.parametrize("name", ["no_majority", "two_culprits", "group_order", "opposite_groups", "skip_broadcast", "two_jobs", "wrong_peer", "tp_pp_skip", "partial_group", "exception_thread", "stopped_rank",
                                   "dataloader_deadlock", "extra_collective", "exception_in_collective_loop",
-                                  "async_ckpt_side_barrier", "ragged_eval_allgather", "ring_attention_wrong_neighbour"])
+                                  "async_ckpt_side_barrier", "ragged_eval_allgather", "ring_attention_wrong_neighbour",
+                                  "b3_resume_step_not_broadcast"])
 def test_the_output_directory_names_the_culprits(name):
     assert judged(name, with_log=False) == "RIGHT"
 

@@ -56,8 +56,10 @@ def test_a_stopped_member_is_unresponsive_and_a_killed_one_failed():
 def test_nothing_said_of_what_cannot_be_known_or_was_no_mystery():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait(10)
-    # it ended through Python, saying so in its last publication: the other rules' business
-    assert _waiting_on(_pub(4, p.pid, quiet=False, end=True)) is None
+    # it ended through Python by an exception or its launcher's SIGTERM, saying so in its last
+    # publication: the other rules' business (a rank that raised names itself; a SIGTERM is a consequence)
+    assert _waiting_on(_pub(4, p.pid, quiet=False, end="raised")) is None
+    assert _waiting_on(_pub(4, p.pid, quiet=False, end="term")) is None
     # on another host its pid means nothing here
     assert _waiting_on(_pub(4, p.pid, host="node2", quiet=False)) is None
     # it issued the call already: not the one waited for
@@ -65,3 +67,21 @@ def test_nothing_said_of_what_cannot_be_known_or_was_no_mystery():
     # and only a quiet rank asks
     mine = _pub(5, os.getpid(), quiet=False)
     assert gone_member(0, mine, {1: _pub(4, p.pid)}.get, RANKS, "node1") is None
+
+
+def test_a_member_whose_script_ended_cleanly_ran_fewer_steps_unless_another_died():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)
+    v = _waiting_on(_pub(4, gone.pid, quiet=False, end="exit"))
+    assert (v.kind, v.deviants, v.basis) == ("collective-mismatch", [1], "process"), v.summary
+    assert v.summary == (f"rank 1 has not issued all_reduce([8] float32) at train.py:9 (#4 of default_pg) that rank 0 "
+                         f"waits in: it ended cleanly (pid {gone.pid} on node1: its script finished after 4 calls "
+                         f"there): its loop ran fewer steps than this rank's (uneven data, an early break or return)")
+    # a member killed outright is the cause, the one that then ended cleanly no culprit
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    killed.wait(10)
+    pubs = {0: _pub(5, os.getpid()), 1: _pub(4, gone.pid, quiet=False, end="exit"), 2: _pub(4, killed.pid, quiet=False),
+            3: _pub(5, os.getpid())}
+    v = gone_member(0, pubs[0], pubs.get, RANKS, "node1")
+    assert (v.kind, v.deviants) == ("rank-failed", [2]), v.summary

@@ -56,10 +56,15 @@ LOOKER = textwrap.dedent('''\
             q.put(1)
             raise ValueError("truncated record")
         threading.Thread(target=produce, name="prefetch").start()
+    if MODE == "ended":  # the producer returns without setting the event, and without an exception
+        ready = threading.Event()
+        threading.Thread(target=lambda: None, name="prefetch").start()
     if MODE == "queue":  # a live producer that is only slow: no thread died
         q = queue.Queue()
         threading.Thread(target=lambda: (time.sleep(20), q.put(1)), daemon=True).start()
-    threading.Thread(target=look, daemon=True).start()
+    threading.Thread(target=look, name="hangdoc-test-looker", daemon=True).start()
+    if MODE == "ended":
+        ready.wait()
     if MODE in ("thread", "queue"):
         while True:
             q.get()
@@ -89,7 +94,7 @@ def test_a_worker_asleep_in_the_kernel_is_a_stall_of_its_batch(tmp_path):
     found, _err = _look(tmp_path, "fifo")
     assert found is not None
     assert (found["what"], found["batch"], found["worker"]) == ("dataloader", 2, 0), found
-    assert found["site"] == "looker.py:47" and found["waited"] >= 1.0 and found["cpu"] < 0.2, found
+    assert found["site"] == "looker.py:52" and found["waited"] >= 1.0 and found["cpu"] < 0.2, found
     assert found["wchan"] != "?", found  # the kernel says where it sleeps (a FIFO's open here)
 
 
@@ -102,8 +107,14 @@ def test_a_thread_that_died_while_the_main_thread_waits_on_its_queue(tmp_path):
     found, err = _look(tmp_path, "thread")
     assert found is not None and found["what"] == "thread", found
     assert found["error"][:3] == ["prefetch", "ValueError: truncated record", "looker.py:38"], found
-    assert found["site"] == "looker.py:46" and found["code"] == "q.get()", found
+    assert found["site"] == "looker.py:51" and found["code"] == "q.get()", found
     assert "ValueError: truncated record" in err  # Python's own hook still printed it
+
+
+def test_a_wait_no_thread_is_left_to_end(tmp_path):
+    found, _err = _look(tmp_path, "ended")
+    assert found is not None and found["what"] == "thread" and "error" not in found, found
+    assert found["code"] == "ready.wait()", found
 
 
 def test_a_wait_on_a_live_producer_is_not_a_stall(tmp_path):

@@ -75,6 +75,15 @@ def test_seq_per_group_is_contiguous_and_groups_agree(job):
     assert not any(r["group"] == sub[0] for r in job[0][1])  # rank 0 is not in the subgroup
 
 
+def test_group_creation_inside_new_subgroups_is_recorded_at_the_users_line(job):
+    # every rank creates every sub-group; each new_group of it is a creation of its own (a rank that
+    # alone enters new_subgroups diverges there: examples/bugs/token_budget_ckpt_subgroups.py)
+    line = _marks()["subgroups"]
+    for rank, (_, recs, _) in job.items():
+        made = [(r["shapes"], r["call_site"].split(":")[1]) for r in _find(recs, "new_group")]
+        assert made == [([[1, 2]], str(_marks()["new_group"])), ([[0]], str(line)), ([[1, 2]], str(line))], made
+
+
 def test_shapes_dtypes_and_global_roots(job):
     for rank, (_, recs, _) in job.items():
         b = _find(recs, "broadcast", "default_pg")[0]

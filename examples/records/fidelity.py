@@ -34,10 +34,11 @@ def main():
     t = torch.ones(8)
     dist.all_reduce(t)  # mark:all_reduce
     dist.broadcast(torch.arange(5), src=world - 1)  # mark:broadcast
-    sub = dist.new_group([1, 2])
+    sub = dist.new_group([1, 2])  # mark:new_group
     if rank in (1, 2):
         dist.broadcast(torch.zeros(3, 2, dtype=torch.float64), group=sub, group_src=1)  # mark:sub_broadcast
         dist.reduce(torch.ones(4), dst=1, group=sub)  # mark:sub_reduce
+    dist.new_subgroups_by_enumeration([[0], [1, 2]])  # mark:subgroups
     work = dist.all_reduce(torch.ones(2, 2), async_op=True)  # mark:async
     work.wait()
     nxt, prv = (rank + 1) % world, (rank - 1) % world

@@ -164,8 +164,8 @@ def findings(report: Report) -> List[Finding]:
                             f"differently from the others'")
         elif d.basis == "history":
             evidence.append(f"two sides disagree; {describe_ranks(d.agreeing)} kept the pattern of calls the job "
-                            f"repeated before (the loop's period, what followed the previous call, what this call "
-                            f"site issued), so {describe_ranks(d.ranks)} is the odd one out")
+                            f"repeated before (a periodic call's stride, the loop's period, what followed the previous "
+                            f"call, what this call site issued), so {describe_ranks(d.ranks)} is the odd one out")
         where = d.expected if d.kind == "missing" or d.actual is None else d.actual
         advice = [
             f"Look at {sequence.site(where)} on {describe_ranks(d.ranks)}: the ranks of group "

@@ -251,13 +251,14 @@ def _align_group(name: str, per_rank: Dict[int, List[CollectiveRecord]], hung: b
             tied = {sg for sg in here.values() if counts[sg] == n_top}
             first_r = min(r for r, sg in here.items() if sg in tied)
             predicted = periodic_next(sigs[first_r][:pos[first_r]])
+            due = stride_due(sigs[first_r][:pos[first_r]], tied)
             fam = {}
             for r, sg in here.items():
                 if counts[sg] == n_top:
                     x = per_rank[r][pos[r]]
                     prev = sigs[r][pos[r] - 1] if pos[r] else None
-                    fam[sg] = max(fam.get(sg, (0, 0, 0)),
-                                  (sg == predicted, follows[(prev, sg)], history[(x.call_site, sg)]))
+                    fam[sg] = max(fam.get(sg, (0, 0, 0, 0)),
+                                  (due.get(sg, 0), sg == predicted, follows[(prev, sg)], history[(x.call_site, sg)]))
             best = max(fam.values())
             winners = [sg for sg, f in fam.items() if f == best]
             skipped = _skipped_creation(tied, here, sigs, pos)
@@ -423,6 +424,48 @@ def periodic_next(seq: Sequence[object]) -> Optional[object]:
         if covered >= 2 * p and covered > best_len:
             best_p, best_len = p, covered
     return seq[n - best_p] if best_p else None
+
+
+def stride_due(seq: Sequence[object], tied: Iterable[object]) -> Dict[object, int]:
+    """Of two calls the sides disagree on, whether the rarer one is due now by its stride: the
+    number of the commoner call between its earlier occurrences (from the start when it occurred
+    once), counted over ``seq`` (the history both sides agreed on) with every other call left out.
+    A periodic call keeps its stride across calls made between (a checkpoint's barrier, a resume's
+    broadcasts), where the last few calls alone read as a loop of the commoner call. ``{rare: 1,
+    common: -1}`` when it is due, the other way round when it comes early, ``{}`` when its strides
+    disagree or nothing says.
+
+        >>> ar, ag = "all_reduce", "all_gather"
+        >>> stride_due([ar] * 4 + [ag] + [ar, ar, "barrier", "broadcast", ar, ar], {ar, ag})
+        {'all_gather': 1, 'all_reduce': -1}
+        >>> stride_due([ar] * 4 + [ag] + [ar, ar], {ar, ag})
+        {'all_gather': -1, 'all_reduce': 1}
+        >>> stride_due([ar, ag, ar, ar, ag, ar, ar, ar, ag, ar], {ar, ag})  # strides 2, then 3
+        {}
+    """
+    both = list(tied)
+    if len(both) != 2:
+        return {}
+    counts = Counter(x for x in seq if x in both)
+    common, rare = sorted(both, key=lambda x: (-counts[x], str(x)))
+    if not counts[rare] or counts[rare] == counts[common]:
+        return {}
+    strides, run = [], 0
+    for x in seq:
+        if x == common:
+            run += 1
+        elif x == rare:
+            strides.append(run)
+            run = 0
+    if len(strides) > 1:
+        strides = strides[1:]  # between occurrences (the first may follow a warm-up)
+    if len(set(strides)) != 1 or not strides[0]:
+        return {}
+    if run == strides[0]:
+        return {rare: 1, common: -1}
+    if run < strides[0]:
+        return {rare: -1, common: 1}
+    return {}
 
 
 def _check_streams(name, column, recs: Dict[int, CollectiveRecord], out: List[StreamMismatch],

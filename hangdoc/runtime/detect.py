@@ -142,6 +142,8 @@ class Detector:
         self._tick_lock = threading.Lock()
         #: set on the way out (exit, exception, SIGTERM): publications say ``end``
         self._ending = False
+        #: the script raised out of its main function (raised): its end is no clean exit
+        self._raised_any = False
 
     def start(self) -> "Detector":
         from hangdoc import atomic  # noqa: F401  (imported now: a verdict on the way out writes with it)
@@ -231,7 +233,9 @@ class Detector:
         from hangdoc.runtime import exchange
 
         if not exchange.dist_initialized():
-            return False
+            # after destroy_process_group (a rank whose loop ended): the store connection and the node
+            # made before still carry its last publication, which says how it ended (detect_gone)
+            return self.node is not None and exchange.connected()
         exchange.prepare()
         if not exchange.prepared():
             return False
@@ -247,6 +251,14 @@ class Detector:
 
             self.node = Node(ident.rank, _StoreOps(), ranks_of)
             self.node.host = ident.host
+            self.node.out_dir = self.out_dir
+            try:  # this rank's Python stack if it dies in native code, for the others (detect_fatal);
+                from hangdoc.runtime import fatal  # armed once per process: the watchdog's, when it runs
+
+                os.makedirs(self.out_dir, exist_ok=True)
+                fatal.arm(self.out_dir, ident.host, ident.rank)
+            except Exception:
+                pass
         return exchange.connected()
 
     def _make(self, quiet: bool, focus: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
@@ -268,8 +280,10 @@ class Detector:
                 qbrk = self._own_break(queued=True)
                 if qbrk is not None:
                     out["qbrk"] = qbrk
-        if self._ending:
-            out["end"] = True
+        if self._ending:  # how: "exit" (the script ended), "raised", "term" (its launcher's SIGTERM)
+            from hangdoc.runtime import on_term
+
+            out["end"] = "raised" if self._raised_any else ("term" if on_term.terminating() else "exit")
         return out
 
     def _own_lock(self, node: Node) -> Optional[Verdict]:
@@ -485,6 +499,7 @@ class Detector:
         (or the detector's thread holding the lock in a store call) cannot hold the exit up."""
         from hangdoc.runtime import detect_failed
 
+        self._raised_any = True
         if self.verdict is not None:
             return
         try:

@@ -6,8 +6,14 @@ rank waiting in call #n of a group reads a few members; one that has not issued 
 on the same host is looked up in ``/proc``:
 
 * gone (or a zombie) with no ``end`` in its last publication: it was killed (SIGKILL, the OOM
-  killer) or aborted in native code: ``rank-failed``;
-* stopped (``T``: SIGSTOP, a debugger, a suspended job step): ``unresponsive-process``.
+  killer) or aborted in native code: ``rank-failed``; where its Python stack as it died is in the
+  output directory (:mod:`hangdoc.runtime.detect_fatal`) and shows it inside a torch.distributed
+  call, the backend ended it on a mismatched call: ``collective-mismatch`` of that call;
+* stopped (``T``: SIGSTOP, a debugger, a suspended job step): ``unresponsive-process``;
+* ending or gone after its last publication said it ended cleanly (``end`` = ``exit``: its script finished,
+  ``destroy_process_group`` and all, having issued fewer calls there than this rank waits in): its
+  loop ran fewer steps (uneven data, an early ``break``), a ``collective-mismatch``, said only when no
+  member was found dead or stopped (a rank that left because another died is no culprit).
 
 A member that never published (a rank stopped within its first second) is found among this
 process's siblings, the launcher's other children, by the ``RANK`` in their environment
@@ -57,7 +63,8 @@ def sibling_pids() -> Dict[int, int]:
 def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
                 ranks_of: Callable[[str], Sequence[int]], host: str,
                 state_of: Callable[[int], Optional[str]] = proc_state, final: bool = False,
-                siblings: Callable[[], Dict[int, int]] = sibling_pids) -> Optional[Verdict]:
+                siblings: Callable[[], Dict[int, int]] = sibling_pids,
+                fatal_of: Optional[Callable[[int, int], Optional[Dict[str, Any]]]] = None) -> Optional[Verdict]:
     """The dead or stopped member of this quiet rank's group that has not issued the call this rank
     waits in (see the module), as a verdict; None if there is none on this host."""
     from hangdoc.ranges import describe_ranks
@@ -73,6 +80,7 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
     if final:
         read += [r for r in partners(me, members, extra=8) if r not in read]
     found: Optional[Dict[int, int]] = None
+    ended: Optional[Verdict] = None
     for q in read:
         pq = pub_of(q)
         if pq is not None and _count(pq, group) >= n:
@@ -80,7 +88,7 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
         if pq is not None and type(pq.get("pid")) is int:
             if pq.get("host") != host:
                 continue
-            pid, said_end = pq["pid"], bool(pq.get("end"))
+            pid, said_end = pq["pid"], pq.get("end") or False
         else:  # it never published: a sibling of this process, if on this host
             if found is None:
                 found = siblings()
@@ -90,12 +98,33 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
         state = state_of(pid)
         call = entry_at((mine.get("g") or {}).get(group) or {}, n - 1)
         waits = f"{call[1]} at {call[2]}" if call else f"collective #{n - 1}"
+        died = fatal_of(q, pid) if fatal_of is not None and state in (None, "Z", "X") and not said_end else None
+        if died is not None:  # its Python stack as it died (hangdoc.runtime.detect_fatal)
+            v = Verdict(group, n - 1, True, [q], [me], None, call, "process")
+            at = f" at {died['site']}" if died.get("site") else ""
+            if died.get("op"):
+                v.text = (f"{describe_ranks([q])} died in native code (Fatal Python error: {died['signal']}) inside "
+                          f"{died['op']}{at}, while rank {me} waits in {waits} (#{n - 1} of {group}): the backend "
+                          f"ended it on a call that does not match its peers' (sizes, split sizes, dtypes)")
+            else:
+                v.kind = "rank-failed"
+                v.text = (f"{describe_ranks([q])} has not issued {waits} (#{n - 1} of {group}) that rank {me} waits "
+                          f"in: it died in native code (Fatal Python error: {died['signal']}){at}")
+            return v
         if state in (None, "Z", "X") and not said_end:
             kind, what = "rank-failed", (f"its process (pid {pid} on {host}) is gone without a word: killed "
                                          f"(SIGKILL, the OOM killer) or aborted in native code")
         elif state in ("T", "t"):
             kind, what = "unresponsive-process", (f"its process (pid {pid} on {host}) is stopped (SIGSTOP, a "
                                                   f"debugger, a suspended job step)")
+        elif said_end == "exit" and ended is None and pq is not None:  # (gone, or on its way out)
+            issued = _count(pq, group)
+            ended = Verdict(group, n - 1, True, [q], [me], None, call, "process")
+            ended.text = (f"{describe_ranks([q])} has not issued {waits} (#{n - 1} of {group}) that rank {me} waits "
+                          f"in: it ended cleanly (pid {pid} on {host}: its script finished after {issued} calls "
+                          f"there): its loop ran fewer steps than this rank's (uneven data, an early break or "
+                          f"return)")
+            continue
         else:
             continue
         v = Verdict(group, n - 1, True, [q], [me], None, call, "process")
@@ -103,4 +132,4 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
         v.text = (f"{describe_ranks([q])} has not issued {waits} (#{n - 1} of {group}) that rank {me} waits in: "
                   f"{what}")
         return v
-    return None
+    return ended

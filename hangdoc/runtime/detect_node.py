@@ -84,6 +84,8 @@ class Node:
         self._cross_at, self._cross_gap = 0.0, FIRST_CROSS_GAP
         #: this process's host (its publications say it): members on it can be looked up in /proc
         self.host: Optional[str] = None
+        #: the output directory, where a member that died in native code left its stack (detect_fatal)
+        self.out_dir: Optional[str] = None
 
     def key(self, rank: int) -> str:
         return f"{PREFIX}r{rank}"
@@ -237,7 +239,7 @@ class Node:
         that cannot end (:mod:`hangdoc.runtime.detect_p2p`), or a member the others wait for whose
         process is dead or stopped (:mod:`hangdoc.runtime.detect_gone`), once it has stood for
         PERSIST seconds (at once on the way out)."""
-        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p, detect_pattern, detect_queue
+        from hangdoc.runtime import detect_fatal, detect_gone, detect_groups, detect_p2p, detect_pattern, detect_queue
 
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
@@ -247,7 +249,10 @@ class Node:
         if v is None:
             v = detect_p2p.p2p_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"))
         if v is None and self.host:
-            v = detect_gone.gone_member(self.rank, mine, pub_of, self.ranks_of, self.host, final=final)
+            out_dir, host = self.out_dir, self.host
+            fatal_of = (lambda r, pid: detect_fatal.read_where(out_dir, host, r, pid)) if out_dir else None
+            v = detect_gone.gone_member(self.rank, mine, pub_of, self.ranks_of, self.host, final=final,
+                                        fatal_of=fatal_of)
         if v is None:
             v = detect_pattern.broken_loop_in_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"), self.ranks_of)
         if v is None:

@@ -11,7 +11,11 @@ Two forms, each a fact about the rank's own process that its stacks alone do not
 * **a thread that died of an exception** while the main thread waits in the standard library
   (``queue.get()``, ``Event.wait()``, ``Thread.join()``: ``examples/bugs/prefetch_thread_died_queue.py``,
   whose prefetch thread raised on a truncated record). Python prints such a traceback on stderr and
-  goes on; the verdict is ``rank-failed`` with that exception.
+  goes on; the verdict is ``rank-failed`` with that exception;
+* **a wait no thread is left to end**: the main thread waits in ``threading``/``queue`` and no other
+  thread of the process is alive (hangdoc's own aside): the thread that was to set the event or fill
+  the queue returned without doing it (``examples/bugs/shard_prefetch_event_never_set.py``). The
+  rank never issues its next collective: ``collective-mismatch``, as for a lock it deadlocked on.
 
 Both are time-based, so both wait: the main thread must stand at the same wait for
 ``max(STALL, PAUSES * the longest pause between this rank's recent calls)`` seconds (a loop whose
@@ -182,7 +186,17 @@ def thread_wait(frame: Any) -> Optional[Dict[str, Any]]:
     user = frame
     while user is not None and user.f_code.co_filename != file:
         user = user.f_back
-    return {"what": "thread", "key": (id(user), line, frame.f_code.co_name), "site": site, "code": code}
+    lib = frame.f_code.co_filename[len(_STDLIB):]
+    return {"what": "thread", "key": (id(user), line, frame.f_code.co_name), "site": site, "code": code,
+            "lib": lib.startswith(("multiprocessing", "concurrent"))}
+
+
+def _others_alive() -> bool:
+    """Whether a thread other than the main one and hangdoc's own is alive: one that may still set the
+    event, put into the queue, end for a join. Threads torch starts in C++ call no Python wait's
+    wake-up; a signal handler could, and is not counted."""
+    main = threading.main_thread()
+    return any(t is not main and t.is_alive() and not t.name.startswith("hangdoc") for t in threading.enumerate())
 
 
 def process_state(pid: int) -> Optional[Tuple[str, float, str]]:
@@ -213,10 +227,12 @@ class Watch:
         frame = main_frame()
         found = dataloader_wait(frame) if frame is not None else None
         if found is None:
+            found = thread_wait(frame)
             errors = thread_errors()
-            found = thread_wait(frame) if errors else None
-            if found is not None:
+            if found is not None and errors:
                 found["error"] = errors[0]
+            elif found is not None and (found["lib"] or _others_alive()):
+                found = None  # a live thread may still wake it (or another process may: a multiprocessing queue)
         if found is None:
             self.first = None
             return None
@@ -263,6 +279,10 @@ def verdict(rank: int, found: Dict[str, Any], waiting: Dict[str, Any], digests: 
                   f"worker {int(found['worker'])} (pid {int(found['pid'])}), which has slept in the kernel "
                   f"({visible(str(found.get('wchan', '?')))[:40]}) for {found['waited']:.0f} s using "
                   f"{found.get('cpu', 0.0):.2f} s of CPU; {others}")
+    elif "error" not in found:
+        code = f" (`{found['code']}`)" if found.get("code") else ""
+        v.text = (f"{describe_ranks([rank])}'s main thread has waited at {site}{code} for {found['waited']:.0f} s, "
+                  f"and no other thread of it is alive to wake it: it will never issue its next collective; {others}")
     else:
         v.kind = "rank-failed"
         name, what, where, _t = found["error"]

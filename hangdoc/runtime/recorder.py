@@ -1374,8 +1374,10 @@ def _group_creation_record(r: "Recorder", args: tuple, kwargs: dict, frame: Any)
     except (TypeError, ValueError):
         return None
     hit = _internal_code.get(id(frame.f_code)) or _code_kind(frame.f_code)
-    if hit[1] in (2, 3):  # new_subgroups & co. calling new_group: part of that call
+    if hit[1] == 3:  # reached through one of hangdoc's wrappers: part of that call
         return None
+    # (from c10d's own module: new_subgroups & co., which every rank calls for every sub-group, each
+    # new_group of it a creation of its own, at the user's line that called new_subgroups)
     site = (hit[2].get(frame.f_lasti) or _intern_site(hit, frame.f_lasti)) if not hit[1] else _call_site(frame)
     if site is _NESTED:
         return None
