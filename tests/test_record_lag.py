@@ -59,7 +59,10 @@ def test_dataloader_demo_headline_is_the_stall_of_rank_1():
     head = found[0]
     assert head.kind == "dataloader-stall"
     assert [c.rank for c in head.culprits] == [1]
-    assert not [f for f in found if f.kind == "collective-mismatch"]
-    lag = [f for f in found if f.kind == "collective-wait"]
+    # rank 1 behind, its stack blocked outside collectives: a mismatch (one rank in no collective),
+    # below the stall that says why; no other mismatch (nobody issued a different call)
+    mismatch = [f for f in found if f.kind == "collective-mismatch"]
+    assert len(mismatch) == 1 and mismatch[0].summary.endswith("for rank 1, which is behind and never issued it")
+    lag = mismatch
     assert lag and lag[0].confidence <= 0.7 and [c.rank for c in lag[0].culprits] == [1]
     assert any("rank 1's stack: DataLoader wait" in e for e in lag[0].evidence)

@@ -48,11 +48,12 @@ class EarlyStopping:
 def make_split(name, rank, n):
     """A stand-in for reading one rank's files of a split; the val file of rank 3 is the held-out domain."""
     g = torch.Generator().manual_seed(1000 * rank + len(name))
-    w_true = torch.linspace(-1, 1, FEATURES)
-    x = torch.randn(n, FEATURES, generator=g)
+    w_true = torch.linspace(-1, 1, FEATURES, device="cpu")
+    x = torch.randn(n, FEATURES, generator=g, device="cpu")
+    dev = torch.get_default_device()
     if name == "val" and rank == 3:
-        return x, -(x @ w_true)  # another domain: same inputs, opposite relation
-    return x, x @ w_true + 0.01 * torch.randn(n, generator=g)
+        return x.to(dev), (-(x @ w_true)).to(dev)  # another domain: same inputs, opposite relation
+    return x.to(dev), (x @ w_true + 0.01 * torch.randn(n, generator=g, device="cpu")).to(dev)
 
 
 def all_reduce_grads(model, world):

@@ -40,17 +40,17 @@ HANG_STEP = 2
 
 
 def sequence_lengths():
-    return torch.randint(12, 41, (NUM_SEQS,), generator=torch.Generator().manual_seed(0))
+    return torch.randint(12, 41, (NUM_SEQS,), generator=torch.Generator().manual_seed(0), device="cpu")
 
 
 def sequence(idx, length):
-    return torch.randint(VOCAB, (length,), generator=torch.Generator().manual_seed(10_000 + idx))
+    return torch.randint(VOCAB, (length,), generator=torch.Generator().manual_seed(10_000 + idx), device="cpu")
 
 
 def batches(rank):
     lengths = sequence_lengths()
     g = torch.Generator().manual_seed(SEED + rank)  # the bug: a DP habit; pipeline stages must agree
-    order = torch.randperm(NUM_SEQS, generator=g)
+    order = torch.randperm(NUM_SEQS, generator=g, device="cpu")
     for start in range(0, NUM_SEQS, BATCH):
         yield [sequence(int(i), int(lengths[i])) for i in order[start:start + BATCH]]
 

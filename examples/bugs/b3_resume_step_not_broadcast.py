@@ -85,7 +85,7 @@ class Trainer:
 
 def data(rank, i):
     g = torch.Generator().manual_seed(7919 * i + rank)
-    x = torch.randn(32, FEATURES, generator=g)
+    x = torch.randn(32, FEATURES, generator=g, device="cpu")
     return x.to(torch.get_default_device()), x.sum(1).to(torch.get_default_device())
 
 

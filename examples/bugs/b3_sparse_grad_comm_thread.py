@@ -114,8 +114,8 @@ def batch(rank, step):
     """Prose uses a few dozen frequent tokens here; rank 1's step-3 document is source code."""
     g = torch.Generator().manual_seed(31 * step + rank)
     high = VOCAB if (rank == 1 and step == HANG_STEP) else 40
-    tokens = torch.randint(high, (TOKENS,), generator=g)
-    label = torch.randint(4, (1,), generator=g)
+    tokens = torch.randint(high, (TOKENS,), generator=g, device="cpu")
+    label = torch.randint(4, (1,), generator=g, device="cpu")
     return tokens.to(torch.get_default_device()), label.to(torch.get_default_device())
 
 

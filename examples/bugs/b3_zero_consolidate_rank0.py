@@ -69,7 +69,7 @@ class ShardedSGD:
 
 def batch(rank, step, n):
     g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randn(16, n, generator=g).to(torch.get_default_device())
+    return torch.randn(16, n, generator=g, device="cpu").to(torch.get_default_device())
 
 
 def main():

@@ -37,7 +37,7 @@ class Stage:
     def step(self, step):
         self.opt.zero_grad()
         if self.rank == 0:
-            x = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(step))
+            x = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(step), device="cpu").to(torch.get_default_device())
             act = self.layer(x)
             dist.send(act.detach(), dst=self.next)
             grad = torch.empty_like(act)

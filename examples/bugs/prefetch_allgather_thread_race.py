@@ -32,15 +32,15 @@ TRUTH = {"kind": "collective-mismatch", "culprits": [2], "world": 4,
 LAYERS, SHARD, EMB = 6, 2048, 4096
 
 
-def load_shard(rank, layer):
+def load_shard(rank, layer, device):
     if rank == 2 and layer == 3:
         time.sleep(0.6)  # layer 3's shard is not in rank 2's page cache
-    return torch.full((SHARD,), float(layer * 10 + rank))
+    return torch.full((SHARD,), float(layer * 10 + rank), device=device)
 
 
-def gather_layer(rank, world, layer):
-    shard = load_shard(rank, layer)
-    full = [torch.empty(SHARD) for _ in range(world)]
+def gather_layer(rank, world, layer, device):
+    shard = load_shard(rank, layer, device)  # (a thread does not inherit the default device)
+    full = [torch.empty(SHARD, device=device) for _ in range(world)]
     dist.all_gather(full, shard)  # on the default group, from the prefetch thread
     return torch.cat(full)
 
@@ -49,11 +49,12 @@ def main():
     rank, world = init()
     prefetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
     emb = torch.zeros(EMB)
-    weights = gather_layer(rank, world, 0)
+    device = torch.get_default_device()
+    weights = gather_layer(rank, world, 0, device)
     for step in range(LAYERS - 1):
         if step == 2:
             hang_point(rank, "all_reduce, then all_gather (late prefetch)" if rank == 2 else "all_gather (prefetch), then all_reduce")
-        nxt = prefetcher.submit(gather_layer, rank, world, step + 1)  # the bug: unordered with the all_reduce below
+        nxt = prefetcher.submit(gather_layer, rank, world, step + 1, device)  # the bug: unordered with the all_reduce below
         time.sleep(0.2)  # forward and backward of this layer
         grad = torch.randn(EMB) * 0.01 + weights.mean() * 1e-3
         dist.all_reduce(grad)  # on the default group, from the main thread

@@ -30,7 +30,7 @@ GPUS_PER_NODE, WARMUP, MICRO, DIM = 2, 3, 4, 32  # GPUS_PER_NODE: the old cluste
 
 def read_global_batch(step, world):
     g = torch.Generator().manual_seed(step)
-    return torch.randn(world * MICRO, DIM, generator=g)
+    return torch.randn(world * MICRO, DIM, generator=g, device="cpu").to(torch.get_default_device())
 
 
 def next_micro_batch(rank, world, step):

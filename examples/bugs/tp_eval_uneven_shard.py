@@ -50,14 +50,14 @@ def main():
     model = TPMLP(world)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(3):
-        x = torch.randn(8, D_IN, generator=torch.Generator().manual_seed(step))  # the same batch on every TP rank
+        x = torch.randn(8, D_IN, generator=torch.Generator().manual_seed(step), device="cpu").to(torch.get_default_device())  # the same batch on every TP rank
         loss = torch.nn.functional.mse_loss(model(x), x[:, :D_OUT])
         opt.zero_grad()
         loss.backward()
         opt.step()
         progress(rank, step)
 
-    val = torch.randn(VAL_SIZE, D_IN, generator=torch.Generator().manual_seed(99))
+    val = torch.randn(VAL_SIZE, D_IN, generator=torch.Generator().manual_seed(99), device="cpu").to(torch.get_default_device())
     shard = val[rank::world]  # the bug: a data-parallel shard in a tensor-parallel group
     total = torch.zeros(2)
     with torch.no_grad():

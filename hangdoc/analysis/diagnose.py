@@ -165,7 +165,9 @@ def _corroborate(found: List[Finding], origins: Dict[int, str]) -> None:
     shows never issued the collective the others wait in, is explained by a stack finding that
     names the same ranks (a DataLoader stall, a stopped process): that finding says why, so it
     becomes the headline, with the records' or the log's agreement as evidence."""
-    lags = [f for f in found if f.kind == "collective-wait" and origins.get(id(f)) == "collective records" and _ranks(f)]
+    from hangdoc.analysis.record_rules import is_lag
+
+    lags = [f for f in found if is_lag(f) and origins.get(id(f)) == "collective records" and _ranks(f)]
     # a log that says which rank never issued the collective (its watchdog's last enqueued work)
     # says *who*; a DataLoader stall or a stopped process in that rank's stack says *why*
     lags += [f for f in found if f.kind in ("collective-mismatch", "missing-rank") and

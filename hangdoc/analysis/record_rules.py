@@ -12,8 +12,9 @@ Reads ``report.job.records`` (the recorder's JSONL files, Flight Recorder dumps)
 * ``collective-wait``: every rank of a group sits in the same collective and none completed it; or
   some ranks wait in a collective for ranks that are merely *behind* (they issued a prefix of the
   others' sequence and nothing after it): that is no divergence, and the records cannot say why
-  they are behind, so the finding stays below the stack verdicts (at most 0.7) and names the
-  ranks that are behind as culprits only when their stacks show them blocked outside collectives.
+  they are behind, so the finding stays below the stack verdicts (at most 0.7); when the stacks of
+  the ranks that are behind show them blocked outside collectives, it names them as culprits and
+  is a ``collective-mismatch`` (ranks in no collective while the others wait in one).
 
 Record verdicts are exact, so they carry a higher confidence (0.9-0.95) than stack-only findings
 (at most 0.8) and become the headline. One finding per verdict: later ops are fallout, summarised in
@@ -409,6 +410,15 @@ def _sides(records: List[CollectiveRecord], blocked: List[CollectiveRecord]) -> 
     return out
 
 
+#: how a finding of ranks that are behind (_lag_findings) ends its summary (is_lag)
+LAG_SUFFIX = "behind and never issued it"
+
+
+def is_lag(f: Finding) -> bool:
+    """Whether ``f`` is a finding of ranks that are merely behind (:func:`_lag_findings`)."""
+    return f.summary.endswith(LAG_SUFFIX)
+
+
 def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: List[str]) -> List[Finding]:
     from hangdoc.analysis.signatures import DISTRIBUTED, wait_of
 
@@ -435,10 +445,12 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
             evidence.append("no stack shows why they are behind (dump them: `hangdoc dump`, `py-spy dump`); being "
                             "behind alone blames nobody")
         out.append(Finding(
-            kind="collective-wait",
+            # ranks their stacks show blocked outside any collective while the others wait in one:
+            # a mismatch (docs/findings/collective-mismatch.md); merely behind, for no reason seen: a wait
+            kind="collective-mismatch" if elsewhere else "collective-wait",
             summary=(f"{describe_ranks(lag.waiting)} {'waits' if len(lag.waiting) == 1 else 'wait'} in {x.op} #{x.seq} "
                      f"({sequence.site(x)}) for {describe_ranks(lag.ranks)}, which {'is' if len(lag.ranks) == 1 else 'are'} "
-                     f"behind and never issued it"),
+                     f"{LAG_SUFFIX}"),
             culprits=_culprits(report, elsewhere),
             evidence=evidence, detail=list(pending_ev),
             advice=[f"Find out where {describe_ranks(lag.ranks)} {'is' if len(lag.ranks) == 1 else 'are'} instead: its "
