@@ -85,3 +85,30 @@ def test_a_member_whose_script_ended_cleanly_ran_fewer_steps_unless_another_died
             3: _pub(5, os.getpid())}
     v = gone_member(0, pubs[0], pubs.get, RANKS, "node1")
     assert (v.kind, v.deviants) == ("rank-failed", [2]), v.summary
+
+
+# Rank 2's shard is one batch shorter: it ends its loop, destroys the group and exits 0 while the
+# others wait in the next all_reduce (gloo then fails them at once: "Connection closed by peer").
+SHORT_SHARD = """\
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+steps = 11 if rank == 2 else 12
+for step in range(steps):
+    if step == 10:
+        print("DIVERGE_AT", time.time(), flush=True)
+    dist.all_reduce(torch.ones(16))
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_whose_loop_ended_first_is_named_from_its_last_publication(tmp_path):
+    from tests.test_detect_gloo import _said, _wait_verdict
+
+    v, latency, _out, err = _wait_verdict(tmp_path, SHORT_SHARD, 3)
+    assert (v["kind"], v["deviants"], v["basis"]) == ("collective-mismatch", [2], "process"), v
+    assert v["summary"].startswith("rank 2 has not issued all_reduce([16] float32) at train.py:8 (#11 of default_pg) "
+                                   "that rank "), v["summary"]
+    assert "it ended cleanly (pid " in v["summary"] and "its script finished after 11 calls there" in v["summary"]
+    assert latency <= 10.0
+    _said(err, v)

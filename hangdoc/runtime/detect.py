@@ -159,6 +159,7 @@ class Detector:
         detect_fork.install()
         detect_stall.install()
         recorder._detect_p2p = self.digests.hook_p2p
+        recorder._detect_leaving = self._leaving
         self._thread = threading.Thread(target=self._run, name="hangdoc-detect", daemon=True)
         self._thread.start()
         atexit.register(self._final)
@@ -181,6 +182,8 @@ class Detector:
             recorder._detect = None
         if recorder._detect_p2p is self.digests.hook_p2p:
             recorder._detect_p2p = None
+        if recorder._detect_leaving == self._leaving:
+            recorder._detect_leaving = None
         self.digests.on_new[0] = None
         from hangdoc.runtime import detect_fork, detect_stall
 
@@ -425,6 +428,31 @@ class Detector:
             v = self._own_lock(node)
         if v is not None:
             self._act(v, mine=node.claimed)
+
+    def _leaving(self) -> None:
+        """The script destroys the default group: its loop ended. Said at once, in one publication
+        (``end`` = ``exit``), before a destroy that may block for ever (NCCL's, while other ranks wait
+        in a collective this one never issued: hangdoc.runtime.detect_gone names it from that). From a
+        thread of its own, waited for FINAL_WAIT seconds at most."""
+        if self.verdict is not None or not self.digests.total():
+            return
+        self._ending = True
+
+        def publish() -> None:
+            try:
+                with self._tick_lock:
+                    # a job shorter than the detector's first look has no connection yet: made now
+                    end = time.monotonic() + FINAL_WAIT - 0.5
+                    while not self._ready() and time.monotonic() < end:
+                        time.sleep(0.05)
+                    if self.node is not None and self._ready():
+                        self.node.publish(time.monotonic(), self.digests.total(), self._make)
+            except Exception:
+                pass
+
+        t = threading.Thread(target=publish, name="hangdoc-detect-leaving", daemon=True)
+        t.start()
+        t.join(FINAL_WAIT)
 
     def _final(self) -> None:
         # A rank that exits (or fails, or gets its launcher's SIGTERM) right after diverging still

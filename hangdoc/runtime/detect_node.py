@@ -241,6 +241,13 @@ class Node:
         PERSIST seconds (at once on the way out)."""
         from hangdoc.runtime import detect_fatal, detect_gone, detect_groups, detect_p2p, detect_pattern, detect_queue
 
+        if not mine.get("quiet") and final and self.host:
+            # on its way out with its last call just issued (gloo failing it with "Connection closed
+            # by peer" once a member left): only a member that is gone or ended says anything then
+            out_dir, host = self.out_dir, self.host
+            fatal_of = (lambda r, pid: detect_fatal.read_where(out_dir, host, r, pid)) if out_dir else None
+            return detect_gone.gone_member(self.rank, dict(mine, quiet=True), pub_of, self.ranks_of, host,
+                                           final=True, fatal_of=fatal_of)
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
         v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)

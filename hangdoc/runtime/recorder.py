@@ -875,6 +875,9 @@ _c10d: Any = None
 _detect: Optional[Callable[..., None]] = None
 #: its hook for point-to-point calls, called with (op, global peer rank, record) (None: off)
 _detect_p2p: Optional[Callable[..., None]] = None
+#: hangdoc.runtime.detect's hook, called before destroy_process_group() of the default group: the rank
+#: is leaving (its loop ended), said to the others before a destroy that may block (NCCL)
+_detect_leaving: Optional[Callable[[], None]] = None
 _PASS_THROUGH: Tuple[type, ...] = ()
 
 
@@ -1395,6 +1398,12 @@ def _wrap_group_maker(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        leaving = _detect_leaving
+        if leaving is not None and fn.__name__ == "destroy_process_group" and not args and kwargs.get("group") is None:
+            try:
+                leaving()
+            except Exception as e:
+                _report(e)
         result = fn(*args, **kwargs)
         if fn.__name__ == "destroy_process_group":
             _groups.clear()
