@@ -132,6 +132,12 @@ class Process:
         return f"{who} ({where})" if where else who
 
 
+#: calls whose ranks pass tensors or objects of different sizes by design (uneven all_to_all splits,
+#: one pickled object per rank): their shapes are no part of what must match across the ranks
+RANK_SHAPED = frozenset({"all_to_all", "all_to_all_single", "gather_object", "all_gather_object",
+                         "scatter_object_list"})
+
+
 @dataclass
 class CollectiveRecord:
     """One recorded torch.distributed call on one rank (see hangdoc.runtime.recorder)."""
@@ -164,8 +170,9 @@ class CollectiveRecord:
     origin: str = "hangdoc"
 
     def signature(self) -> Tuple[Any, ...]:
-        """What must agree across the ranks of a group for the call to match."""
-        return (self.op, self.shapes, self.dtypes, self.root)
+        """What must agree across the ranks of a group for the call to match (not the shapes of a
+        call whose ranks pass different sizes by design: RANK_SHAPED)."""
+        return (self.op, () if self.op in RANK_SHAPED else self.shapes, self.dtypes, self.root)
 
     def describe(self) -> str:
         """``broadcast([8] float32, src=0)``."""

@@ -256,3 +256,28 @@ def test_groups_entered_in_opposite_orders_on_one_cuda_stream_every_call_issued(
     fs = record_rules.findings(Report(job=Job(records=recs)))
     assert fs[0].kind == "collective-mismatch" and "opposite orders" in fs[0].summary, [(f.kind, f.summary) for f in fs]
     assert [c.rank for c in fs[0].culprits] == [0, 1]
+
+
+def test_a_resume_between_keeps_a_periodic_calls_stride():
+    # all_reduce every step, all_gather every fourth; a checkpoint's barrier and a resume's broadcasts
+    # come between; then one rank all-gathers on schedule and the other (its step counter reset)
+    # all-reduces: the last calls alone read as a loop of all_reduces, the stride says the gather
+    # was due (examples/bugs/b3_resume_step_not_broadcast.py)
+    loop = [0, 0, 0, 0, 2, 0, 0, 4, 1, 1, 0, 0]
+    for reset in (0, 1):
+        seqs = {reset: loop + [0], 1 - reset: loop + [2]}
+        (d,) = sequence.divergences(make(seqs))
+        assert d.ranks == [reset] and d.basis == "history", (reset, d.summary)
+
+
+def test_uneven_all_to_all_splits_are_no_shape_mismatch():
+    # MoE dispatch: every rank's all_to_all_single input has its own row count by design
+    recs = [CollectiveRecord(rank=r, seq=i, op="all_to_all_single", group="default_pg", group_ranks=(0, 1, 2),
+                             shapes=((100 + 7 * r + i, 16),), dtypes=("float32",), call_site="/job/moe.py:80:forward",
+                             state="completed") for r in range(3) for i in range(4)]
+    assert sequence.divergences(recs) == []
+    # but not its dtype
+    recs[-1] = CollectiveRecord(rank=2, seq=3, op="all_to_all_single", group="default_pg", group_ranks=(0, 1, 2),
+                                shapes=((9, 16),), dtypes=("bfloat16",), call_site="/job/moe.py:80:forward",
+                                state="completed")
+    assert [d.ranks for d in sequence.divergences(recs)] == [[2]]
