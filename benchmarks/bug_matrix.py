@@ -11,7 +11,9 @@ whole process tree killed at its end (``hangdoc.cli.demo.stop_job``):
   ended) and ``aggregate`` (``hangdoc aggregate OUT --format json`` after the job is stopped).
 * **detect**: ``torchrun -m hangdoc --detect --out OUT script``; column ``detect`` is
   ``OUT/divergence.json`` (the detector's deviants), waited for up to 8 s after the hang point (one
-  written while the job was being stopped is kept as ``divergence-at-teardown.json``, not graded).
+  written while the job was being stopped is kept as ``divergence-at-teardown.json``, not graded);
+  for a job that only is slow, as it stands when the job has ended (a stall the detector reported
+  and withdrew when the rank went on carries ``resumed_after``: no verdict).
 * **plain**: the script alone; once every rank printed ``HANG-POINT`` (or the job died) and 3 s
   passed, ``py-spy dump --subprocesses --pid RANK`` of every rank, then ``hangdoc aggregate
   --rank-map`` of those dumps (the pid -> rank map read from each rank's ``RANK`` variable).
@@ -352,6 +354,8 @@ def run_detect(s: Dict[str, Any], d: str, columns: List[str]) -> Dict[str, Any]:
             state = job.wait_hung(world)
             # the detector publishes at once when a rank goes quiet and compares within a second or two
             job.wait_for(lambda: os.path.exists(found), HANG_TIMEOUT)
+            if s["truth"]["kind"] == "slow-not-hung":  # a stall it reported is withdrawn when the job
+                job.wait_for(job.exited, START_LIMIT)  # resumes: judged as it stands at the job's end
             before_stop = os.path.exists(found)
         finally:
             job.stop()

@@ -39,7 +39,7 @@ def test_the_call_a_rank_died_in_and_the_users_line(tmp_path):
 
 
 def test_a_dump_outside_any_collective_names_the_main_threads_line():
-    text = open(REAL).read().replace("distributed_c10d.py", "other.py")
+    text = open(REAL).read().replace("/torch/distributed/", "/torch/other/")
     assert detect_fatal.where(text) == {"signal": "Aborted", "op": None, "site": "moe_capacity_alltoall_splits.py:80"}
     assert detect_fatal.where("Traceback (most recent call last):\n") is None
 
@@ -62,6 +62,21 @@ def test_a_member_that_died_inside_a_collective_is_that_calls_mismatch(tmp_path)
                          "moe_capacity_alltoall_splits.py:80, while rank 0 waits in all_to_all_single([256,16] float32) "
                          "at moe_capacity_alltoall_splits.py:80 (#13 of default_pg): the backend ended it on a call "
                          "that does not match its peers' (sizes, split sizes, dtypes)")
+    # the others' publications show whose call it was: the dead rank and two more issued the export's
+    # all_gather there, rank 0 its forward's (examples/bugs/b4_lib_fsdp_export_skipped_on_eval_error.py)
+    def at(pub, call, site):
+        pub["g"]["default_pg"]["w"] = [{"start": 13, "sig": [0], "tab": [["h" + site, call, site, 13]]}]
+        return pub
+
+    pubs = {0: at(pub(14, os.getpid()), "all_gather_single([300] float32)", "fsdp.py:94"),
+            1: at(pub(14, dead.pid, quiet=False), "all_gather([600] float32)", "fsdp.py:106"),
+            2: at(pub(14, os.getpid()), "all_gather([600] float32)", "fsdp.py:106"),
+            3: at(pub(14, os.getpid()), "all_gather([600] float32)", "fsdp.py:106")}
+    pubs[1]["g"]["default_pg"]["n"] = 13  # (published as it issued it: count 13 then, #13 shown)
+    v = gone_member(0, pubs[0], pubs.get, lambda g: (0, 1, 2, 3), "vm", fatal_of=read, final=True)
+    assert (v.kind, v.deviants) == ("collective-mismatch", [0]), v.summary
+    assert v.summary.endswith("; rank 0 issued all_gather_single([300] float32) at fsdp.py:94 there where the others "
+                              "issued all_gather([600] float32) at fsdp.py:106"), v.summary
     # without the file: gone without a word, as before
     v = gone_member(0, pubs[0], pubs.get, lambda g: (0, 1, 2, 3), "vm")
     assert v.kind == "rank-failed" and "gone without a word" in v.summary

@@ -63,6 +63,16 @@ LOOKER = textwrap.dedent('''\
         q = queue.Queue()
         threading.Thread(target=lambda: (time.sleep(20), q.put(1)), daemon=True).start()
     threading.Thread(target=look, name="hangdoc-test-looker", daemon=True).start()
+    if MODE == "sleep":
+        time.sleep(30)
+    if MODE == "spin":
+        n = 0
+        while n >= 0:
+            n += 1
+    if MODE == "child":
+        import subprocess
+        p = subprocess.Popen([sys.executable, "-c", "print('x' * 300000)"], stdout=subprocess.PIPE)
+        p.wait()
     if MODE == "ended":
         ready.wait()
     if MODE in ("thread", "queue"):
@@ -94,7 +104,7 @@ def test_a_worker_asleep_in_the_kernel_is_a_stall_of_its_batch(tmp_path):
     found, _err = _look(tmp_path, "fifo")
     assert found is not None
     assert (found["what"], found["batch"], found["worker"]) == ("dataloader", 2, 0), found
-    assert found["site"] == "looker.py:52" and found["waited"] >= 1.0 and found["cpu"] < 0.2, found
+    assert found["site"] == "looker.py:62" and found["waited"] >= 1.0 and found["cpu"] < 0.2, found
     assert found["wchan"] != "?", found  # the kernel says where it sleeps (a FIFO's open here)
 
 
@@ -107,7 +117,7 @@ def test_a_thread_that_died_while_the_main_thread_waits_on_its_queue(tmp_path):
     found, err = _look(tmp_path, "thread")
     assert found is not None and found["what"] == "thread", found
     assert found["error"][:3] == ["prefetch", "ValueError: truncated record", "looker.py:38"], found
-    assert found["site"] == "looker.py:51" and found["code"] == "q.get()", found
+    assert found["site"] == "looker.py:61" and found["code"] == "q.get()", found
     assert "ValueError: truncated record" in err  # Python's own hook still printed it
 
 
@@ -115,6 +125,17 @@ def test_a_wait_no_thread_is_left_to_end(tmp_path):
     found, _err = _look(tmp_path, "ended")
     assert found is not None and found["what"] == "thread" and "error" not in found, found
     assert found["code"] == "ready.wait()", found
+
+
+@pytest.mark.parametrize("mode,how,code", [("sleep", "sleep", ["time.sleep(30)"]), ("spin", "run", ["n += 1", "while n >= 0:"]),
+                                           ("child", "child", ["p.wait()"])])
+def test_a_main_thread_standing_in_its_own_frame(tmp_path, mode, how, code):
+    found, _err = _look(tmp_path, mode)
+    assert found is not None and (found["what"], found["how"]) == ("frame", how) and found["code"] in code, found
+    if mode == "spin":
+        assert found["cpu"] >= 0.5 * found["waited"], found  # busy: its own CPU time grew
+    if mode == "child":
+        assert found["child"] > 0, found  # blocked writing to the pipe it never reads
 
 
 def test_a_wait_on_a_live_producer_is_not_a_stall(tmp_path):

@@ -52,6 +52,20 @@ def test_enable_is_idempotent_and_disable_restores(group):
     assert dist.all_reduce is original and recorder.get() is None
 
 
+def test_torch_modules_that_imported_new_group_by_name_are_patched_too(group):
+    # DeviceMesh holds its own reference (``from ...distributed_c10d import new_group``), taken before
+    # hangdoc came: init_device_mesh's group creations must be recorded as new_group calls
+    import torch.distributed.device_mesh as device_mesh
+
+    original = device_mesh.new_group
+    recorder.enable()
+    try:
+        assert device_mesh.new_group is not original and device_mesh.new_group.__hangdoc_original__ is original
+    finally:
+        recorder.disable()
+    assert device_mesh.new_group is original
+
+
 def test_discovery_covers_the_known_floor_and_more(group):
     import torch.distributed.distributed_c10d as c10d
 

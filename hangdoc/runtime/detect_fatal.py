@@ -37,7 +37,7 @@ from typing import Dict, Optional
 MAX_BYTES = 256 << 10
 _FIRST = re.compile(r"Fatal Python error: ([\w ]{1,60})")
 _FRAME = re.compile(r'^\s{1,8}File "([^"\n]{1,1000})", line (\d{1,9}) in ([\w<>.]{1,200})\s*$')
-_C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
+_DIST = os.sep + os.path.join("torch", "distributed") + os.sep
 _HANGDOC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = os.path.dirname(os.__file__) + os.sep
 
@@ -47,8 +47,8 @@ def _user(file: str) -> bool:
 
 
 def where(text: str) -> Optional[Dict[str, Optional[str]]]:
-    """{"signal", "op", "site"}: the fatal signal, the torch.distributed call a thread died in (None
-    when none was in one) and the user's line that made it (else the innermost user line of the
+    """{"signal", "op", "site"}: the fatal signal, the innermost torch.distributed function a thread
+    died in (None when none was in one) and the user's line that made it (else the innermost user line of the
     last thread, the main one); None when the text is no fatal-signal dump."""
     first = _FIRST.match(text)
     if first is None:
@@ -58,7 +58,7 @@ def where(text: str) -> Optional[Dict[str, Optional[str]]]:
     blocks = [b for b in blocks if b]
     for frames in blocks:
         for k, (file, _line, func) in enumerate(frames):
-            if file.endswith(_C10D):
+            if _DIST in file:  # c10d's calls, and torch's own over them (FSDP, DTensor, checkpoint)
                 site = next((f"{os.path.basename(f)}:{n}" for f, n, _fn in frames[k + 1:] if _user(f)), None)
                 return {"signal": first.group(1).strip(), "op": func, "site": site}
     main = blocks[-1] if blocks else []

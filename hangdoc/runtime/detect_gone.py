@@ -35,7 +35,7 @@ the kernel gave to another process since reads as alive: nothing is said, never 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from hangdoc.runtime.detect_digest import Verdict, entry_at, partners
 from hangdoc.runtime.detect_groups import count as _count
@@ -58,6 +58,26 @@ def sibling_pids() -> Dict[int, int]:
     from hangdoc.runtime.siblings import by_rank
 
     return {rank: pid for rank, (pid, _info) in by_rank().items()}
+
+
+def _odd_side(dead: int, me: int, index: int, group: str, read: Sequence[int],
+              pub_of: Callable[[int], Optional[Dict[str, Any]]]) -> Optional[tuple]:
+    """(ranks, their call, the others' call) of the smaller side at call ``index`` of ``group``,
+    among the publications that show that call (the dead member published it as it issued it when
+    its signature was new); None without two sides, or with two as large."""
+    sides: Dict[tuple, List[int]] = {}
+    entries: Dict[tuple, list] = {}
+    for r in sorted(set(list(read) + [me, dead])):
+        e = entry_at(((pub_of(r) or {}).get("g") or {}).get(group) or {}, index)
+        if e:
+            sides.setdefault((e[0], e[2]), []).append(r)
+            entries[(e[0], e[2])] = e
+    if len(sides) != 2:
+        return None
+    (a, ra), (b, rb) = sorted(sides.items(), key=lambda kv: len(kv[1]))
+    if len(ra) == len(rb):
+        return None
+    return ra, entries[a], entries[b]
 
 
 def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
@@ -103,9 +123,15 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
             v = Verdict(group, n - 1, True, [q], [me], None, call, "process")
             at = f" at {died['site']}" if died.get("site") else ""
             if died.get("op"):
+                odd = _odd_side(q, me, n - 1, group, read, pub_of)
                 v.text = (f"{describe_ranks([q])} died in native code (Fatal Python error: {died['signal']}) inside "
                           f"{died['op']}{at}, while rank {me} waits in {waits} (#{n - 1} of {group}): the backend "
                           f"ended it on a call that does not match its peers' (sizes, split sizes, dtypes)")
+                if odd is not None:  # the publications say whose call it was that did not match
+                    ranks, theirs, others = odd
+                    v.deviants, v.agreeing = ranks, sorted(set(read + [me, q]) - set(ranks))
+                    v.text += (f"; {describe_ranks(ranks)} issued {theirs[1]} at {theirs[2]} there where the others "
+                               f"issued {others[1]} at {others[2]}")
             else:
                 v.kind = "rank-failed"
                 v.text = (f"{describe_ranks([q])} has not issued {waits} (#{n - 1} of {group}) that rank {me} waits "

@@ -17,7 +17,15 @@ Two forms, each a fact about the rank's own process that its stacks alone do not
   the queue returned without doing it (``examples/bugs/shard_prefetch_event_never_set.py``). The
   rank never issues its next collective: ``collective-mismatch``, as for a lock it deadlocked on.
 
-Both are time-based, so both wait: the main thread must stand at the same wait for
+* **the main thread standing in one frame of the user's code** (none of the above): asleep at a
+  ``time.sleep`` (a retry loop's back-off, ``examples/bugs/b4_proc_cache_retry_backoff_forever.py``),
+  reading its standard input (``input()``), running a loop that does not return (its own CPU time
+  grows: ``examples/bugs/b4_proc_tokenizer_nbsp_spin.py``), in a C call, or waiting for a child that
+  is blocked writing to a full pipe this process never reads (``Popen(stdout=PIPE)`` then
+  ``wait()``: ``examples/bugs/b4_proc_git_status_pipe_wait.py``, a deadlock). Not a main thread in
+  torch.distributed (the other rules' business), in a DataLoader or in any other library's wait.
+
+All are time-based, so all wait: the main thread must stand at the same wait for
 ``max(STALL, PAUSES * the longest pause between this rank's recent calls)`` seconds (a loop whose
 steps include a 10 s data fetch is not flagged at 4 s), and another member of one of its groups
 must be waiting for it (quiet, having issued a call in a group this rank has not issued yet: the
@@ -35,6 +43,7 @@ the kernel's view from ``/proc``; the excepthook keeps at most MAX_ERRORS short 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -51,6 +60,7 @@ MAX_ERRORS = 4
 #: frames of the main thread looked at
 MAX_FRAMES = 64
 _DATA = os.sep + os.path.join("torch", "utils", "data") + os.sep
+_DIST = os.sep + os.path.join("torch", "distributed") + os.sep
 _STDLIB = os.path.dirname(os.__file__) + os.sep
 _HANGDOC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: the standard library's waits a main thread sits in for another thread's work
@@ -199,6 +209,66 @@ def _others_alive() -> bool:
     return any(t is not main and t.is_alive() and not t.name.startswith("hangdoc") for t in threading.enumerate())
 
 
+#: a line that sleeps, or reads the terminal
+_SLEEP = re.compile(r"\bsleep\(")
+_INPUT = re.compile(r"\binput\(|\bstdin\b|\bgetpass\(")
+#: the kernel's names for a process blocked writing to a full pipe
+_PIPE_WRITE = ("pipe_write", "pipe_wait", "pipe_wait_writable", "anon_pipe_write")
+_SUBPROCESS = ("subprocess.py",)
+
+
+def frame_wait(frame: Any) -> Optional[Dict[str, Any]]:
+    """The main thread standing in one frame of the user's code, none of the waits above: its
+    innermost frame is the user's (a sleep, a read of the terminal, a C call, a Python loop), or it
+    waits for a child process that is blocked writing to a pipe nobody reads. None when it is in
+    torch.distributed (a collective: the other rules' business) or in any other library wait."""
+    f, depth = frame, 0
+    while f is not None and depth < MAX_FRAMES:
+        if _DIST in f.f_code.co_filename or _DATA in f.f_code.co_filename:
+            return None
+        f, depth = f.f_back, depth + 1
+    file, line, site = _user_site(frame)
+    if not file:
+        return None
+    inner = frame.f_code.co_filename
+    child = None
+    if _lib(inner):
+        if not (inner.startswith(_STDLIB) and inner.endswith(_SUBPROCESS)):
+            return None
+        child = _child_on_a_pipe()
+        if child is None:
+            return None
+    user = frame
+    while user is not None and user.f_code.co_filename != file:
+        user = user.f_back
+    from hangdoc.runtime.detect_lock import line_of
+    from hangdoc.textsafe import visible
+
+    text = line_of(file, line)
+    code = visible(text.decode("utf-8", "replace").strip())[:120] if text else ""
+    how = "child" if child else "sleep" if _SLEEP.search(code) else "input" if _INPUT.search(code) else "run"
+    return {"what": "frame", "key": (id(user), user.f_code), "site": site, "code": code, "how": how,
+            "func": user.f_code.co_name, "child": child}
+
+
+def _child_on_a_pipe() -> Optional[int]:
+    """A child of this process blocked writing to a pipe (its wchan), or None."""
+    from hangdoc import proctree
+
+    for pid in proctree.parent_map().get(os.getpid(), [])[:64]:
+        st = process_state(pid)
+        if st is not None and st[0] == "S" and st[2].startswith(_PIPE_WRITE):
+            return pid
+    return None
+
+
+def main_cpu() -> Optional[float]:
+    """CPU seconds the main thread used (its /proc task), None where unknown."""
+    tid = getattr(threading.main_thread(), "native_id", None)
+    st = process_state(tid) if tid else None
+    return st[1] if st is not None else None
+
+
 def process_state(pid: int) -> Optional[Tuple[str, float, str]]:
     """(state, CPU seconds used, wchan) of a process from /proc; None when it is gone."""
     try:
@@ -232,11 +302,14 @@ class Watch:
             if found is not None and errors:
                 found["error"] = errors[0]
             elif found is not None and (found["lib"] or _others_alive()):
-                found = None  # a live thread may still wake it (or another process may: a multiprocessing queue)
+                return self._none()  # a live thread may still wake it (or another process may: a multiprocessing queue)
+        if found is None and frame is not None:
+            found = frame_wait(frame)
         if found is None:
-            self.first = None
-            return None
+            return self._none()
         cpu = 0.0
+        if found["what"] == "frame":
+            cpu = main_cpu() or 0.0
         if found["what"] == "dataloader":
             st = process_state(found["pid"])
             if st is None or st[0] not in ("S", "D"):
@@ -256,7 +329,13 @@ class Watch:
             if found["cpu"] > CPU_SHARE * found["waited"] + 0.05:
                 self.first = (found["key"], now, cpu)  # it works, slowly: look again from here
                 return None
+        if found["what"] == "frame":
+            found["cpu"] = max(0.0, (main_cpu() or 0.0) - cpu0)
         return found
+
+    def _none(self) -> None:
+        self.first = None
+        return None
 
 
 def verdict(rank: int, found: Dict[str, Any], waiting: Dict[str, Any], digests: Any, describe: Any) -> Any:
@@ -279,6 +358,23 @@ def verdict(rank: int, found: Dict[str, Any], waiting: Dict[str, Any], digests: 
                   f"worker {int(found['worker'])} (pid {int(found['pid'])}), which has slept in the kernel "
                   f"({visible(str(found.get('wchan', '?')))[:40]}) for {found['waited']:.0f} s using "
                   f"{found.get('cpu', 0.0):.2f} s of CPU; {others}")
+    elif found["what"] == "frame":
+        code = f" (`{found['code']}`)" if found.get("code") else ""
+        waited = f"{found['waited']:.0f} s"
+        if found["how"] == "child":
+            doing = (f"has waited {waited} at {site}{code} for its child (pid {int(found['child'])}), which is blocked "
+                     f"writing to a full pipe that this process never reads: a deadlock (read the output before "
+                     f"waiting, or use communicate())")
+        elif found["how"] == "sleep":
+            doing = f"has slept at {site}{code} for {waited} (a retry or back-off loop?)"
+        elif found["how"] == "input":
+            doing = f"has waited {waited} at {site}{code} for input on its standard input"
+        elif found.get("cpu", 0.0) >= 0.5 * found["waited"]:
+            doing = (f"has run in {visible(str(found.get('func', '?')))[:80]} at {site}{code} for {waited} "
+                     f"({found['cpu']:.0f} s of CPU) without returning (a loop that does not end?)")
+        else:
+            doing = f"has stood at {site}{code} for {waited}"
+        v.text = f"{describe_ranks([rank])}'s main thread {doing}, outside any collective; {others}"
     elif "error" not in found:
         code = f" (`{found['code']}`)" if found.get("code") else ""
         v.text = (f"{describe_ranks([rank])}'s main thread has waited at {site}{code} for {found['waited']:.0f} s, "

@@ -1551,11 +1551,16 @@ def _patch(c10d: Any, dist: Any) -> None:
         if fn is not None and callable(fn):
             _originals[(dist, name)] = fn
             setattr(dist, name, _wrap(fn, _Spec(op, params)))
+    # torch's own modules that imported these by name before hangdoc came (DeviceMesh's
+    # ``from torch.distributed.distributed_c10d import new_group``) call them through their own
+    # reference: patched there too, so that init_device_mesh's group creations are recorded
+    holders = [m for key, m in list(sys.modules.items())
+               if key.startswith("torch.distributed.") and m is not None and m is not c10d]
     for name in ("destroy_process_group", "new_group"):
         fn = getattr(c10d, name, None)
         if fn is not None:
             wrapped = _wrap_group_maker(fn) if name == "destroy_process_group" else _wrap_group_creation(fn)
-            for mod in modules:
+            for mod in modules + holders:
                 if getattr(mod, name, None) is fn:
                     _originals[(mod, name)] = fn
                     setattr(mod, name, wrapped)
