@@ -90,4 +90,6 @@ def test_a_rank_that_failed_first_heads_the_report_over_others_going_on_without_
     assert r.returncode == 0, r.stderr
     head = json.loads(r.stdout)["findings"][0]
     assert head["kind"] == "rank-failed" and [c["rank"] for c in head["culprits"]] == [2], head["summary"]
-    assert any("going on without it" in e for e in head["evidence"])
+    # rank 2's scatter failed (raised): it stopped there, it did not go elsewhere, so rank 1's next
+    # all_reduce is no "extra call" of the records; what the stacks show of rank 1 stays below
+    assert not any("extra" in f["summary"] for f in json.loads(r.stdout)["findings"])

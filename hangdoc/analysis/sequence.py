@@ -361,8 +361,9 @@ def lags(records: Iterable[CollectiveRecord]) -> List[Lag]:
 
 
 def _went_elsewhere(lst: List[CollectiveRecord]) -> bool:
-    """True when a rank's last op in this group completed: it is now busy somewhere else."""
-    return not lst or lst[-1].state != "issued"
+    """True when a rank's last op in this group completed: it is now busy somewhere else. Not when
+    it failed (the call raised: a peer gone, a timeout): the rank stopped there, as one still in it."""
+    return not lst or lst[-1].state not in ("issued", "failed")
 
 
 def _divergence(name, kind, ranks, exp, act, column, agreeing) -> Divergence:

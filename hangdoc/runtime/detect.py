@@ -127,6 +127,7 @@ class Detector:
         self._lock_order: Optional[tuple] = None  # the lock-wait cycle seen at the last look
         #: (calls issued, when) at a stall this rank reported of itself (_resumed)
         self._stall_mark: Optional[Tuple[int, float]] = None
+        self._resume_lock = threading.Lock()
         from hangdoc.runtime import detect_fork, detect_stall
 
         self._fork_watch = detect_fork.Watch()
@@ -158,6 +159,7 @@ class Detector:
 
         detect_fork.install()
         detect_stall.install()
+        self._arm_fatal()
         recorder._detect_p2p = self.digests.hook_p2p
         recorder._detect_leaving = self._leaving
         self._thread = threading.Thread(target=self._run, name="hangdoc-detect", daemon=True)
@@ -200,6 +202,21 @@ class Detector:
             pass
 
     # -- the loop --------------------------------------------------------------------------
+    def _arm_fatal(self) -> None:
+        """This rank's Python stack if it dies in native code, for the others (detect_fatal): armed at
+        the start where the launcher says the rank (a rank gloo aborts within its first second has no
+        store connection yet), once per process (the watchdog's, when it runs)."""
+        try:
+            from hangdoc.runtime import fatal
+
+            ident = self._ident()
+            if ident.rank is None:
+                return
+            os.makedirs(self.out_dir, exist_ok=True)
+            fatal.arm(self.out_dir, ident.host, ident.rank)
+        except Exception:
+            pass
+
     def _ident(self) -> Any:
         from hangdoc.runtime.identity import identity
 
@@ -255,13 +272,7 @@ class Detector:
             self.node = Node(ident.rank, _StoreOps(), ranks_of)
             self.node.host = ident.host
             self.node.out_dir = self.out_dir
-            try:  # this rank's Python stack if it dies in native code, for the others (detect_fatal);
-                from hangdoc.runtime import fatal  # armed once per process: the watchdog's, when it runs
-
-                os.makedirs(self.out_dir, exist_ok=True)
-                fatal.arm(self.out_dir, ident.host, ident.rank)
-            except Exception:
-                pass
+            self._arm_fatal()  # (where the rank was not known at the start)
         return exchange.connected()
 
     def _make(self, quiet: bool, focus: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
@@ -434,7 +445,10 @@ class Detector:
         (``end`` = ``exit``), before a destroy that may block for ever (NCCL's, while other ranks wait
         in a collective this one never issued: hangdoc.runtime.detect_gone names it from that). From a
         thread of its own, waited for FINAL_WAIT seconds at most."""
-        if self.verdict is not None or not self.digests.total():
+        if self.verdict is not None:
+            self._resumed()
+            return
+        if not self.digests.total():
             return
         self._ending = True
 
@@ -460,7 +474,10 @@ class Detector:
         # dies within a second of a divergence (gloo aborting a rank on a dtype mismatch) may never
         # have published at all. Bounded, so that a store that stopped answering cannot delay the
         # exit for long.
-        if self.verdict is not None or not self.digests.total():
+        if self.verdict is not None:
+            self._resumed()  # a stall it reported that ended, said before the exit (a short job's last steps)
+            return
+        if not self.digests.total():
             return
         self._ending = True
 
@@ -481,10 +498,11 @@ class Detector:
         """A stall this rank reported of itself (hangdoc.runtime.detect_stall) that ended: it issued a
         call since. Said once, and written into divergence.json (``resumed_after``): slow, not hung.
         The detector stays finished (one verdict per job), as after any verdict."""
-        mark, v = self._stall_mark, self.verdict
-        if mark is None or v is None or self.digests.total() == mark[0]:
-            return
-        self._stall_mark = None
+        with self._resume_lock:  # (the daemon's tick and the exit may both look)
+            mark, v = self._stall_mark, self.verdict
+            if mark is None or v is None or self.digests.total() == mark[0]:
+                return
+            self._stall_mark = None
         v.resumed_after = round(time.monotonic() - mark[1], 1)
         self._write(v)
         self._say(f"hangdoc: RESUMED: {', '.join(f'rank {r}' for r in v.deviants)} went on {v.resumed_after:.0f} s "
