@@ -39,7 +39,8 @@ def judged(name, with_log, fix=FIX):
 @pytest.mark.parametrize("name", ["no_majority", "two_culprits", "group_order", "opposite_groups", "skip_broadcast", "two_jobs", "wrong_peer", "tp_pp_skip", "partial_group", "exception_thread", "stopped_rank",
                                   "dataloader_deadlock", "extra_collective", "exception_in_collective_loop",
                                   "async_ckpt_side_barrier", "ragged_eval_allgather", "ring_attention_wrong_neighbour",
-                                  "b3_resume_step_not_broadcast"])
+                                  "b3_resume_step_not_broadcast", "moe_capacity_alltoall_splits",
+                                  "b4_lib_device_mesh_resume_fallback"])
 def test_the_output_directory_names_the_culprits(name):
     assert judged(name, with_log=False) == "RIGHT"
 

@@ -281,3 +281,23 @@ def test_uneven_all_to_all_splits_are_no_shape_mismatch():
                                 shapes=((9, 16),), dtypes=("bfloat16",), call_site="/job/moe.py:80:forward",
                                 state="completed")
     assert [d.ranks for d in sequence.divergences(recs)] == [[2]]
+
+
+def test_a_rank_that_created_no_group_at_all_skipped_the_creations():
+    # DeviceMesh built by ranks 0-2 (local synchronization: each waits for its members only); rank 3's
+    # fallback never calls init_device_mesh and waits in the default group instead
+    def rec(rank, seq, op, group, shape, state="completed"):
+        return CollectiveRecord(rank=rank, seq=seq, op=op, group=group, group_ranks=(0, 1, 2, 3), shapes=(shape,),
+                                dtypes=(), call_site=f"/job/train.py:{82 if group == 'new_group' else 105}:main",
+                                state=state)
+
+    recs = [rec(r, 0, "barrier", "default_pg", ()) for r in range(4)]
+    for r, made in ((0, 3), (1, 2), (2, 4)):
+        for i, members in enumerate([(0, 2), (1, 3), (0, 1), (2, 3)][:made]):
+            recs.append(rec(r, i, "new_group", "new_group", members, "issued" if i == made - 1 else "completed"))
+    recs.append(rec(3, 1, "verify_params", "default_pg", (64,), "issued"))
+    found = [d for d in sequence.divergences(recs, hung=True) if d.group == "new_group"]
+    assert [d.ranks for d in found] == [[3]], [d.summary for d in found]
+    # a rank whose records start later (a ring buffer that wrapped) is not taken for a skipper
+    late = [r if r.rank != 3 else CollectiveRecord(**{**r.__dict__, "seq": r.seq + 500}) for r in recs]
+    assert not [d for d in sequence.divergences(late, hung=True) if d.group == "new_group"]

@@ -80,6 +80,9 @@ def findings(report: Report) -> List[Finding]:
         if w.category not in ("collective", "p2p") or w.call_site is None:
             continue
         others = {k: r for k, r in flight.items() if k != p.rank}
+        if len(others) >= 2 and all(r.state == "failed" for r in others.values()):
+            out.append(_first_to_fail(p, w, others))
+            continue
         sites = {(r.op, _site(r.call_site)) for r in others.values()}
         if len(sites) != 1:
             continue
@@ -115,6 +118,28 @@ def findings(report: Report) -> List[Finding]:
 
 #: a side told by its size alone (the backend's check, not the records) is less sure than a record
 CONFIDENCE_SIDES = 0.8
+#: the first to fail, where every other rank's call failed after it: above the stacks' view of where
+#: each rank stopped (a consequence), below a divergence of the records (which say whose call differed)
+CONFIDENCE_FIRST = 0.85
+
+
+def _first_to_fail(p, w, others: Dict[int, CollectiveRecord]) -> Finding:
+    """A rank that died in native code inside a collective, every other rank's last call failed
+    (``Connection reset by peer``: the backend tore the group down): none of them still waits, so
+    where each stopped is a consequence, and the abort the cause (the backend's check of a call that
+    does not match its peers': ``examples/bugs/moe_capacity_alltoall_splits.py``, an
+    ``all_to_all_single`` whose receive split is smaller than a peer sends)."""
+    ranks = sorted(others)
+    summary = (f"rank {p.rank} died (Fatal Python error: {p.meta['fatal_error']}) in {w.describe()}; then every other "
+               f"rank's call failed ({describe_ranks(ranks)}): the backend aborted it on a call that does not match "
+               f"its peers' (sizes, split sizes, dtypes)")
+    evidence = [f"rank {p.rank}: its faulthandler dump at the fatal signal shows it in {w.describe()}; it left no records of that call",
+                "their last calls, each failed: " + "; ".join(
+                    f"rank {k}: {r.op} #{r.seq} at {os.path.basename(r.call_site.rsplit(':', 2)[0])}:"
+                    f"{r.call_site.rsplit(':', 2)[1] if r.call_site.count(':') >= 2 else '?'}" for k, r in sorted(others.items())[:8])]
+    advice = [f"Compare what rank {p.rank} and its peers pass to {w.op} at {w.call_site.file}:{w.call_site.line} "
+              f"(sizes, split sizes, dtypes): the backend's check failed on rank {p.rank}'s side of that call."]
+    return Finding("collective-mismatch", summary, [p.culprit()], evidence, advice, confidence=CONFIDENCE_FIRST)
 
 
 def _aborted_in_the_same_call(op: str, site: Tuple[str, int, str], seqs: tuple, died: list) -> List[Finding]:

@@ -202,6 +202,27 @@ def _aligned_groups(records: Iterable[CollectiveRecord]) -> Dict[str, Dict[int, 
     }
 
 
+#: the recorder's sequence of new_group calls (hangdoc.runtime.recorder.CREATION_GROUP)
+CREATION = "new_group"
+
+
+def _creations_of_all(groups: Dict[str, Dict[int, List[CollectiveRecord]]], records: List[CollectiveRecord]) -> None:
+    """Every rank of the job takes part in the sequence of group creations, members or not
+    (torch.distributed's contract): a rank with a whole history (its records from its first call
+    on) but no creation at all skipped them (DeviceMesh built by every rank but one, whose fallback
+    path never calls init_device_mesh), as one with fewer would have."""
+    creation = groups.get(CREATION)
+    if not creation:
+        return
+    first: Dict[int, int] = {}
+    for r in one_origin(records):
+        if r.group != CREATION and r.op not in P2P_OPS:
+            first[r.rank] = min(first.get(r.rank, r.seq), r.seq)
+    for rank, seq in first.items():
+        if rank not in creation and seq == 0:
+            creation[rank] = []
+
+
 def divergences(records: Iterable[CollectiveRecord], hung: bool = False) -> List[Divergence]:
     """The divergences of every group, first divergence of each group first (see module doc).
 
@@ -211,7 +232,9 @@ def divergences(records: Iterable[CollectiveRecord], hung: bool = False) -> List
     plugin has them) that rank issued fewer collectives than the others: a divergence.
     """
     out: List[Divergence] = []
+    records = list(records)
     groups = _aligned_groups(records)
+    _creations_of_all(groups, records)
     for name in sorted(groups, key=lambda g: (g != "default_pg", g)):
         out.extend(_align_group(name, groups[name], hung)[0])
     out.sort(key=lambda d: (d.group != "default_pg", d.group, d.index))
