@@ -53,10 +53,6 @@ __all__ = ["start", "stop", "get", "DivergenceError", "Detector", "Verdict", "PO
 
 POLICIES = ("warn", "dump", "abort")
 
-#: records looked at for the pauses between this rank's calls, and publications read for who waits
-#: for a stalled rank (hangdoc.runtime.detect_stall)
-STALL_RECORDS = 256
-WAITING_READS = 8
 #: the most a process's exit waits for its last publication
 FINAL_WAIT = 2.0
 #: publications at once when a rank issues a collective of a signature it never issued before (the
@@ -324,45 +320,11 @@ class Detector:
         forked = self._fork_watch.look(now)
         if forked is not None:
             return node.claim(detect_fork.verdict(node.rank, forked, self.digests, self._describe), now)
-        stall = self._stall_watch.look(now, self._stall_after())
+        stall = self._stall_watch.look(now, detect_stall.wait_asked())
         if stall is not None:
-            waiting = self._waiting_for(node)
+            waiting = detect_stall.waiting_for(node, self.digests)
             if waiting is not None:
                 return node.claim(detect_stall.verdict(node.rank, stall, waiting, self.digests, self._describe), now)
-        return None
-
-    def _stall_after(self) -> float:
-        """How long this rank's main thread must stand at one wait to be stalled: from the pauses
-        between its recent calls (hangdoc.runtime.detect_stall.threshold)."""
-        from hangdoc.runtime import detect_stall, recorder
-
-        r = recorder.get()
-        records = list(r._buf)[-STALL_RECORDS:] if r is not None else []  # one C-level copy: consistent
-        return detect_stall.threshold([rec[recorder._T0] for rec in records])
-
-    def _waiting_for(self, node: Node) -> Optional[Dict[str, Any]]:
-        """Who waits for this rank: members of one of its groups (its latest call's first) that are
-        quiet having issued more calls there than it did; read from their publications, at most
-        WAITING_READS of them in all. {"ranks", "group", "index", "entry"} or None."""
-        counts = {name: g.n for name, g in list(self.digests.groups.items())}
-        latest = self.digests.last[0] or "default_pg"
-        reads = 0
-        for name in sorted(counts, key=lambda g: (g != latest, g)):
-            found: List[int] = []
-            entry = None
-            for r in node.ranks_of(name):
-                if r == node.rank:
-                    continue
-                if reads >= WAITING_READS:
-                    break
-                reads += 1
-                pub = node.read(r)
-                g = (pub or {}).get("g", {}).get(name) if isinstance(pub, dict) else None
-                if isinstance(g, dict) and pub.get("quiet") and int(g.get("n", 0)) > counts[name]:
-                    found.append(r)
-                    entry = entry or entry_at(g, counts[name])
-            if found:
-                return {"ranks": found, "group": name, "index": counts[name], "entry": entry}
         return None
 
     def _blocked_elsewhere(self, last: Any) -> List[str]:

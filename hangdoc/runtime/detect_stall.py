@@ -29,7 +29,7 @@ All are time-based, so all wait: the main thread must stand at the same wait for
 ``max(STALL, PAUSES * the longest pause between this rank's recent calls)`` seconds (a loop whose
 steps include a 10 s data fetch is not flagged at 4 s), and another member of one of its groups
 must be waiting for it (quiet, having issued a call in a group this rank has not issued yet: the
-detector reads that from the partners' publications, :meth:`hangdoc.runtime.detect.Detector._waiting_for`).
+detector reads that from the partners' publications, :func:`waiting_for`).
 
 Nothing here runs the user's code: the iterator's fields are read from its instance ``__dict__``,
 the kernel's view from ``/proc``; the excepthook keeps at most MAX_ERRORS short tuples, no frames.
@@ -284,6 +284,51 @@ def process_state(pid: int) -> Optional[Tuple[str, float, str]]:
         return rest[0], cpu, wchan
     except (OSError, IndexError, ValueError):
         return None
+
+
+#: records looked at for the pauses between this rank's calls, and publications read for who waits
+#: for a stalled rank
+STALL_RECORDS = 256
+WAITING_READS = 8
+
+
+def wait_asked() -> float:
+    """How long this rank's main thread must stand at one wait to be stalled: from the pauses
+    between its recent calls (:func:`threshold`), as the recorder has them."""
+    from hangdoc.runtime import recorder
+
+    r = recorder.get()
+    records = list(r._buf)[-STALL_RECORDS:] if r is not None else []  # one C-level copy: consistent
+    return threshold([rec[recorder._T0] for rec in records])
+
+
+def waiting_for(node: Any, digests: Any) -> Optional[Dict[str, Any]]:
+    """Who waits for this rank: members of one of its groups (its latest call's first) that are
+    quiet having issued more calls there than it did; read from their publications
+    (:class:`hangdoc.runtime.detect_node.Node`), at most WAITING_READS of them in all.
+    {"ranks", "group", "index", "entry"} or None."""
+    from hangdoc.runtime.detect_digest import entry_at
+
+    counts = {name: g.n for name, g in list(digests.groups.items())}
+    latest = digests.last[0] or "default_pg"
+    reads = 0
+    for name in sorted(counts, key=lambda g: (g != latest, g)):
+        found: List[int] = []
+        entry = None
+        for r in node.ranks_of(name):
+            if r == node.rank:
+                continue
+            if reads >= WAITING_READS:
+                break
+            reads += 1
+            pub = node.read(r)
+            g = (pub or {}).get("g", {}).get(name) if isinstance(pub, dict) else None
+            if isinstance(g, dict) and pub.get("quiet") and int(g.get("n", 0)) > counts[name]:
+                found.append(r)
+                entry = entry or entry_at(g, counts[name])
+        if found:
+            return {"ranks": found, "group": name, "index": counts[name], "entry": entry}
+    return None
 
 
 class Watch:
