@@ -80,11 +80,10 @@ def findings(report: Report) -> List[Finding]:
         if w.category not in ("collective", "p2p") or w.call_site is None:
             continue
         others = {k: r for k, r in flight.items() if k != p.rank}
-        if len(others) >= 2 and all(r.state == "failed" for r in others.values()):
-            out.append(_first_to_fail(p, w, others))
-            continue
         sites = {(r.op, _site(r.call_site)) for r in others.values()}
         if len(sites) != 1:
+            if len(others) >= 2 and all(r.state == "failed" for r in others.values()):
+                out.append(_first_to_fail(p, w, others))  # they stopped where each call failed
             continue
         (op, site), = sites
         if site is None:
@@ -125,8 +124,8 @@ CONFIDENCE_FIRST = 0.85
 
 def _first_to_fail(p, w, others: Dict[int, CollectiveRecord]) -> Finding:
     """A rank that died in native code inside a collective, every other rank's last call failed
-    (``Connection reset by peer``: the backend tore the group down): none of them still waits, so
-    where each stopped is a consequence, and the abort the cause (the backend's check of a call that
+    (``Connection reset by peer``: the backend tore the group down) at calls that disagree: none of
+    them still waits, so where each stopped is a consequence, and the abort the cause (the backend's check of a call that
     does not match its peers': ``examples/bugs/moe_capacity_alltoall_splits.py``, an
     ``all_to_all_single`` whose receive split is smaller than a peer sends)."""
     ranks = sorted(others)
