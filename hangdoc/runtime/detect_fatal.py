@@ -46,6 +46,12 @@ def _user(file: str) -> bool:
     return not (file.startswith(("<", _HANGDOC, _STDLIB)) or (os.sep + "torch" + os.sep) in file)
 
 
+def _at(file: str, line: str) -> str:
+    from hangdoc.textsafe import visible
+
+    return visible(f"{os.path.basename(file)}:{line}")[:200]  # (read from a file: control characters shown)
+
+
 def where(text: str) -> Optional[Dict[str, Optional[str]]]:
     """{"signal", "op", "site"}: the fatal signal, the innermost torch.distributed function a thread
     died in (None when none was in one) and the user's line that made it (else the innermost user line of the
@@ -59,10 +65,10 @@ def where(text: str) -> Optional[Dict[str, Optional[str]]]:
     for frames in blocks:
         for k, (file, _line, func) in enumerate(frames):
             if _DIST in file:  # c10d's calls, and torch's own over them (FSDP, DTensor, checkpoint)
-                site = next((f"{os.path.basename(f)}:{n}" for f, n, _fn in frames[k + 1:] if _user(f)), None)
+                site = next((_at(f, n) for f, n, _fn in frames[k + 1:] if _user(f)), None)
                 return {"signal": first.group(1).strip(), "op": func, "site": site}
     main = blocks[-1] if blocks else []
-    site = next((f"{os.path.basename(f)}:{n}" for f, n, _fn in main if _user(f)), None)
+    site = next((_at(f, n) for f, n, _fn in main if _user(f)), None)
     return {"signal": first.group(1).strip(), "op": None, "site": site}
 
 
