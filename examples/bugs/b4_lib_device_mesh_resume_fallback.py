@@ -79,7 +79,7 @@ def previous_job_save(ckpt_dir, rank):
 def load_tp_model(ckpt_dir, rank):
     shard = torch.load(os.path.join(ckpt_dir, f"mp_rank_{rank:02d}.pt"), weights_only=True)
     hang_point(rank, "init_device_mesh: new_group for the dp/tp subgroups")
-    mesh = init_device_mesh("cpu", (dist.get_world_size() // TP, TP), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(torch.get_default_device().type, (dist.get_world_size() // TP, TP), mesh_dim_names=("dp", "tp"))
     model = parallelize_module(MLP(), mesh["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -76,7 +76,7 @@ def evaluate(model, rank):
 def main():
     rank, world = init()
     torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    mesh = init_device_mesh(torch.get_default_device().type, (world,), mesh_dim_names=("fsdp",))
     model = torch.nn.Sequential(
         torch.nn.Linear(DIM, HIDDEN), torch.nn.GELU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.GELU(),
         torch.nn.Linear(HIDDEN, CLASSES))

@@ -55,7 +55,7 @@ def main():
         if step == 3:
             hang_point(rank, "queue.get" if rank == 1 else "all_reduce")
         x = batches.get()  # the bug: no timeout, and the producer's failure never reaches the queue
-        grad = (w - x) * 0.5
+        grad = (w - x.to(w.device)) * 0.5  # (decoded on the prefetch thread: on the CPU)
         dist.all_reduce(grad)
         w -= 0.1 * grad / world
         progress(rank, step)
