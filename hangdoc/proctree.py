@@ -29,14 +29,39 @@ def stat(pid: int) -> Tuple[str, int, int]:
         >>> stat(os.getpid())[1] == os.getppid()
         True
     """
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read().decode("utf-8", "replace")
-    # the command name in (...) may itself hold spaces and parentheses: fields start after the last ')'
-    rest = raw[raw.rfind(")") + 2:].split()
+    rest = _stat_fields(pid)
     try:
         return rest[0], int(rest[1]), int(rest[19])
     except (IndexError, ValueError):
         return (rest[0] if rest else "?"), 0, 0
+
+
+def _stat_fields(pid: int) -> List[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (from the state on); OSError when gone."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        raw = f.read(4096).decode("utf-8", "replace")
+    # the command name in (...) may itself hold spaces and parentheses: fields start after the last ')'
+    return raw[raw.rfind(")") + 2:].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process (or a thread, by its id) used; OSError when gone.
+
+        >>> cpu_seconds(os.getpid()) >= 0
+        True
+    """
+    rest = _stat_fields(pid)
+    try:
+        return (int(rest[11]) + int(rest[12])) / float(os.sysconf("SC_CLK_TCK"))
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def wchan(pid: int) -> str:
+    """Where in the kernel a process sleeps (``/proc/PID/wchan``: ``futex_wait_queue``,
+    ``anon_pipe_write``, ...); ``"?"`` when the kernel does not say; OSError when gone."""
+    with open(f"/proc/{pid}/wchan", "rb") as f:
+        return f.read(64).decode("ascii", "replace").strip() or "?"
 
 
 def parent_map() -> Dict[int, List[int]]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
+from hangdoc.analysis.sequence import site
 from hangdoc.analysis.signatures import wait_of
 from hangdoc.model import CollectiveRecord, Culprit, Finding, Report
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
@@ -134,8 +135,7 @@ def _first_to_fail(p, w, others: Dict[int, CollectiveRecord]) -> Finding:
                f"its peers' (sizes, split sizes, dtypes)")
     evidence = [f"rank {p.rank}: its faulthandler dump at the fatal signal shows it in {w.describe()}; it left no records of that call",
                 "their last calls, each failed: " + "; ".join(
-                    f"rank {k}: {r.op} #{r.seq} at {os.path.basename(r.call_site.rsplit(':', 2)[0])}:"
-                    f"{r.call_site.rsplit(':', 2)[1] if r.call_site.count(':') >= 2 else '?'}" for k, r in sorted(others.items())[:8])]
+                    f"rank {k}: {r.op} #{r.seq} at {site(r)}" for k, r in sorted(others.items())[:8])]
     advice = [f"Compare what rank {p.rank} and its peers pass to {w.op} at {w.call_site.file}:{w.call_site.line} "
               f"(sizes, split sizes, dtypes): the backend's check failed on rank {p.rank}'s side of that call."]
     return Finding("collective-mismatch", summary, [p.culprit()], evidence, advice, confidence=CONFIDENCE_FIRST)

@@ -38,12 +38,11 @@ MAX_BYTES = 256 << 10
 _FIRST = re.compile(r"Fatal Python error: ([\w ]{1,60})")
 _FRAME = re.compile(r'^\s{1,8}File "([^"\n]{1,1000})", line (\d{1,9}) in ([\w<>.]{1,200})\s*$')
 _DIST = os.sep + os.path.join("torch", "distributed") + os.sep
-_HANGDOC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-
 
 def _user(file: str) -> bool:
-    return not (file.startswith(("<", _HANGDOC, _STDLIB)) or (os.sep + "torch" + os.sep) in file)
+    from hangdoc.runtime.detect_stall import is_lib
+
+    return not is_lib(file)
 
 
 def _at(file: str, line: str) -> str:

@@ -168,11 +168,10 @@ def blocked_children(pid: Optional[int] = None) -> Dict[int, float]:
     for child in proctree.parent_map().get(me, []):
         try:
             state, _ppid, start = proctree.stat(child)
-            with open(f"/proc/{child}/wchan", "rb") as f:
-                wchan = f.read(64)
+            where = proctree.wchan(child)
         except OSError:
             continue
-        if state == "S" and wchan.startswith(b"futex"):
+        if state == "S" and where.startswith("futex"):
             out[child] = boot + start / tick
     return out
 

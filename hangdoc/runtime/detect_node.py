@@ -232,6 +232,16 @@ class Node:
                     return v
         return self._cross_group(mine, pub_of, now, final)
 
+    def _fatal_of(self) -> Optional[Callable[[int, int], Optional[Dict[str, Any]]]]:
+        """How a dead member's stack as it died is read: its fatal file in the output directory
+        (:mod:`hangdoc.runtime.detect_fatal`), named by its host and pid; None without a directory."""
+        from hangdoc.runtime import detect_fatal
+
+        out_dir, host = self.out_dir, self.host
+        if not out_dir or not host:
+            return None
+        return lambda rank, pid: detect_fatal.read_where(out_dir, host, rank, pid)
+
     def _cross_group(self, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]], now: float,
                      final: bool) -> Optional[Verdict]:
         """Two groups entered in opposite orders (:mod:`hangdoc.runtime.detect_groups`; under NCCL, calls
@@ -239,15 +249,13 @@ class Node:
         that cannot end (:mod:`hangdoc.runtime.detect_p2p`), or a member the others wait for whose
         process is dead or stopped (:mod:`hangdoc.runtime.detect_gone`), once it has stood for
         PERSIST seconds (at once on the way out)."""
-        from hangdoc.runtime import detect_fatal, detect_gone, detect_groups, detect_p2p, detect_pattern, detect_queue
+        from hangdoc.runtime import detect_gone, detect_groups, detect_p2p, detect_pattern, detect_queue
 
         if not mine.get("quiet") and final and self.host:
             # on its way out with its last call just issued (gloo failing it with "Connection closed
             # by peer" once a member left): only a member that is gone or ended says anything then
-            out_dir, host = self.out_dir, self.host
-            fatal_of = (lambda r, pid: detect_fatal.read_where(out_dir, host, r, pid)) if out_dir else None
-            return detect_gone.gone_member(self.rank, dict(mine, quiet=True), pub_of, self.ranks_of, host,
-                                           final=True, fatal_of=fatal_of)
+            return detect_gone.gone_member(self.rank, dict(mine, quiet=True), pub_of, self.ranks_of, self.host,
+                                           final=True, fatal_of=self._fatal_of())
         if not mine.get("quiet") or (not final and now < self._cross_at):
             return None
         v = detect_groups.cross_group_wait(self.rank, mine, pub_of, self.ranks_of)
@@ -256,10 +264,8 @@ class Node:
         if v is None:
             v = detect_p2p.p2p_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"))
         if v is None and self.host:
-            out_dir, host = self.out_dir, self.host
-            fatal_of = (lambda r, pid: detect_fatal.read_where(out_dir, host, r, pid)) if out_dir else None
             v = detect_gone.gone_member(self.rank, mine, pub_of, self.ranks_of, self.host, final=final,
-                                        fatal_of=fatal_of)
+                                        fatal_of=self._fatal_of())
         if v is None:
             v = detect_pattern.broken_loop_in_wait(self.rank, mine, pub_of, self.ranks_of("default_pg"), self.ranks_of)
         if v is None:

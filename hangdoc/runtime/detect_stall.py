@@ -131,7 +131,7 @@ def thread_errors() -> List[Tuple[str, str, str, float]]:
 
 # --- the main thread's wait -----------------------------------------------------------------------
 
-def _lib(name: str) -> bool:
+def is_lib(name: str) -> bool:
     """Whether a frame's file is the standard library's, torch's or hangdoc's (not the user's)."""
     return (name.startswith((_STDLIB, _HANGDOC, "<")) or (os.sep + "torch" + os.sep) in name)
 
@@ -141,7 +141,7 @@ def _user_site(frame: Any) -> Tuple[str, int, str]:
     f = frame
     while f is not None:
         name = f.f_code.co_filename
-        if not _lib(name):
+        if not is_lib(name):
             return name, f.f_lineno, f"{os.path.basename(name)}:{f.f_lineno}"
         f = f.f_back
     return "", 0, "?"
@@ -232,7 +232,7 @@ def frame_wait(frame: Any) -> Optional[Dict[str, Any]]:
         return None
     inner = frame.f_code.co_filename
     child = None
-    if _lib(inner):
+    if is_lib(inner):
         if not (inner.startswith(_STDLIB) and inner.endswith(_SUBPROCESS)):
             return None
         child = _child_on_a_pipe()
@@ -271,19 +271,17 @@ def main_cpu() -> Optional[float]:
 
 def process_state(pid: int) -> Optional[Tuple[str, float, str]]:
     """(state, CPU seconds used, wchan) of a process from /proc; None when it is gone."""
+    from hangdoc import proctree
+
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read(4096).decode("utf-8", "replace")
-        rest = raw[raw.rfind(")") + 2:].split()
-        cpu = (int(rest[11]) + int(rest[12])) / float(os.sysconf("SC_CLK_TCK"))
-        try:
-            with open(f"/proc/{pid}/wchan", "rb") as f:
-                wchan = f.read(64).decode("ascii", "replace").strip() or "?"
-        except OSError:
-            wchan = "?"
-        return rest[0], cpu, wchan
-    except (OSError, IndexError, ValueError):
+        state, cpu = proctree.stat(pid)[0], proctree.cpu_seconds(pid)
+    except OSError:
         return None
+    try:
+        where = proctree.wchan(pid)
+    except OSError:
+        where = "?"
+    return state, cpu, where
 
 
 #: records looked at for the pauses between this rank's calls, and publications read for who waits
