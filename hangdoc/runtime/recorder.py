@@ -1522,6 +1522,9 @@ def enable(capacity: int = 100_000, out_dir: Optional[str] = None) -> Optional[R
     from hangdoc.runtime import ddp
 
     ddp.install()  # DDP's gradient all_reduces (never raises; see hangdoc/runtime/ddp.py)
+    from hangdoc.runtime import record_funcol
+
+    record_funcol.install()  # DTensor's functional collectives (never raises)
     if _STREAMS and _CUDA_COMPLETION == "work":  # streams seen by an earlier enable(): no first sight again
         _install_wait()
     atexit.register(_dump_at_exit)
@@ -1611,7 +1614,10 @@ def disable() -> None:
     global _recorder, _wait_original
     from hangdoc.runtime import ddp
 
+    from hangdoc.runtime import record_funcol
+
     ddp.uninstall()
+    record_funcol.uninstall()
     for (mod, name), fn in list(_originals.items()):
         setattr(mod, name, fn)
     _originals.clear()
