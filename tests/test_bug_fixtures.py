@@ -94,3 +94,59 @@ def test_a_rank_that_failed_first_heads_the_report_over_others_going_on_without_
     # rank 2's scatter failed (raised): it stopped there, it did not go elsewhere, so rank 1's next
     # all_reduce is no "extra call" of the records; what the stacks show of rank 1 stays below
     assert not any("extra" in f["summary"] for f in json.loads(r.stdout)["findings"])
+
+
+def _pyspy(name, cwd=ROOT):
+    d = os.path.join(FIX, name)
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json", "--rank-map",
+                        os.path.join(d, "pyspy-rank-map.txt"), os.path.join(d, "pyspy")],
+                       capture_output=True, text=True, timeout=120, cwd=cwd, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["findings"][0]
+
+
+# plain py-spy dumps (no records): what the stacks allow
+@pytest.mark.parametrize("name", [
+    "b4_lib_sampler_rank_seeded_subsample",  # ranks idle in DDP's backward, one in a barrier
+    "b4_lib_ddp_nan_loss_skip_backward",     # ranks idle in DDP's backward, one in DDP's buffer broadcast
+    "b3_sparse_grad_comm_thread",            # one rank's comm thread in all_reduce, the others' in all_gather
+    "b4_proc_tokenizer_nbsp_spin",           # one rank computing, the others wait for it
+    "prefetch_thread_died_queue",            # Queue.get with no other Python thread left to put
+    "b4_proc_pool_unpicklable_exception",    # Pool.map with the pool's result-handler thread gone
+])
+def test_plain_py_spy_dumps_name_the_culprit(name):
+    head = _pyspy(name)
+    assert matrix_judge.judge(truth(name), matrix_judge.from_report({"findings": [head]})) == "RIGHT", head["summary"]
+
+
+def test_every_rank_in_collectives_on_two_threads_is_an_ordering_race_not_a_wait_below_python():
+    head = _pyspy("prefetch_allgather_thread_race")
+    assert head["kind"] == "collective-mismatch" and head["culprits"] == [], head
+    assert "on two threads at once" in head["summary"] and "prefetch_0: all_gather" in head["summary"]
+
+
+def test_every_rank_in_one_new_group_call_is_a_creation_mismatch():
+    head = _pyspy("subgroup_only_some")
+    assert head["kind"] == "collective-mismatch" and head["culprits"] == [], head
+    assert head["summary"].startswith("every rank waits in new_group at save_checkpoint (subgroup_only_some.py:38)")
+
+
+def test_a_requests_wait_in_a_function_that_posts_isend_irecv_is_a_p2p_wait():
+    # py-spy names the script relative to its directory: read from there (as on the training host),
+    # the line `req.wait()` of a function that called batch_isend_irecv is a p2p wait
+    head = _pyspy("ring_attention_wrong_neighbour", cwd=os.path.join(ROOT, "examples", "bugs"))
+    assert head["kind"] == "p2p-stall" and "batch_isend_irecv at rotate (ring_attention_wrong_neighbour.py:47)" in head["evidence"][0]
+
+
+@pytest.mark.parametrize("name", ["slow_checkpoint", "periodic_eval_slow", "rank0_object_store_upload_slow"])
+def test_stacks_of_a_stall_the_records_show_the_job_went_past_are_no_verdict(name):
+    d = os.path.join(FIX, name, "output")
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json", d],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    findings = json.loads(r.stdout)["findings"]
+    assert [f["kind"] for f in findings] == ["no-hang"], findings
+    assert findings[0]["summary"].startswith("the job went on after its stacks were taken")
+    # what the stacks said during the stall is kept, as detail
+    assert any(line.startswith("the stacks, taken during the stall, said: ") for line in findings[0]["detail"])
+    assert matrix_judge.judge(truth(name), matrix_judge.from_report({"findings": findings})) == "RIGHT"

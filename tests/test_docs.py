@@ -109,6 +109,9 @@ def _env(tmp: Path) -> dict:
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.update(NO_COLOR="1", TERM="dumb", COLUMNS="100", HANGDOC_DOCS_TEST="1", HOME=str(tmp / "home"))
+    # the fixtures' dumps name scripts under the directory they were captured in: whether it exists on
+    # the machine running the docs must not change what the pages show (hangdoc.analysis.source_waits)
+    env["HANGDOC_SOURCE_ROOTS"] = "0"
     for k in ("HANGDOC_OUT", "PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS", "PYTEST_XDIST_TESTRUNUID"):
         env.pop(k, None)
     return env

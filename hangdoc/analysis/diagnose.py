@@ -23,6 +23,7 @@ RULES: List[str] = [
     "hangdoc.analysis.log_rules:findings",
     "hangdoc.analysis.fatal_rules:findings",
     "hangdoc.analysis.stream_order:findings",
+    "hangdoc.analysis.went_on:findings",
 ]
 
 
@@ -38,12 +39,17 @@ _ORIGIN = {
     "hangdoc.analysis.log_rules:findings": "console logs",
     "hangdoc.analysis.fatal_rules:findings": "a fatal stack and the records",
     "hangdoc.analysis.stream_order:findings": "collective records",
+    "hangdoc.analysis.went_on:findings": "records after the stacks",
 }
 #: kinds whose culprits add up across rules (each rule names processes the other did not see).
 _ADDITIVE = frozenset({"missing-rank", "unresponsive-process"})
 
 
 def diagnose(report: Report) -> List[Finding]:
+    from hangdoc.analysis.source_waits import set_source_roots
+
+    # the rules read call sites' source: py-spy's relative names are under the scripts' directories
+    set_source_roots(p.command for p in report.job.processes if p.command)
     found: List[Finding] = []
     origins: Dict[int, str] = {}
     for spec in RULES:
@@ -60,6 +66,7 @@ def diagnose(report: Report) -> List[Finding]:
             origins[id(f)] = _ORIGIN.get(spec, spec)
         found.extend(got)
     _raised_first(report, found, origins)
+    found = _set_aside_past_stacks(found, origins)
     found = merge(found, origins)
     found = _drop_explained_p2p(report, found)
     if found:
@@ -74,6 +81,20 @@ def diagnose(report: Report) -> List[Finding]:
             )
         ]
     return found
+
+
+def _set_aside_past_stacks(found: List[Finding], origins: Dict[int, str]) -> List[Finding]:
+    """Beside a "the job went on after its stacks" finding, the stack rules' findings describe a
+    moment the job went past: they become its detail, not verdicts of their own."""
+    from hangdoc.analysis.went_on import ORIGIN
+
+    went_on = next((f for f in found if origins.get(id(f)) == ORIGIN), None)
+    if went_on is None:
+        return found
+    past = [f for f in found if origins.get(id(f)) == "stacks"]
+    for f in past:
+        went_on.detail.append(f"the stacks, taken during the stall, said: {f.kind}: {f.summary}")
+    return [f for f in found if origins.get(id(f)) != "stacks"]
 
 
 #: processes whose own notes (a printed exception, a stack that moved) a headline lists at most.

@@ -263,6 +263,20 @@ def is_worker_stack(frames: Iterable["Frame"]) -> bool:
     return False
 
 
+def is_pool_worker_stack(frames: Iterable["Frame"]) -> bool:
+    """A ``multiprocessing`` pool's worker (``worker`` of ``multiprocessing/pool.py``): a helper
+    process a rank forked, never a rank of its own.
+
+    >>> from hangdoc.model import Frame
+    >>> is_pool_worker_stack((Frame("main", "train.py", 72), Frame("worker", "multiprocessing/pool.py", 114)))
+    True
+    """
+    for f in frames:
+        if f.function.rsplit(".", 1)[-1] == "worker" and f.file and f.file.replace("\\", "/").endswith("multiprocessing/pool.py"):
+            return True
+    return False
+
+
 def is_launcher_stack(frames: Iterable["Frame"]) -> bool:
     """torchrun / ``torch.distributed.launch`` / the elastic agent."""
     for f in frames:

@@ -70,6 +70,11 @@ SIGNATURES: List[_Row] = [
     ("collective", "all_gather", r"_gather|_gather_along_first_dim|_gather_along_last_dim", r"megatron/(core/tensor_parallel|mpu)/mappings\.py", False, False),
     ("p2p", "", r"_communicate|_batched_p2p_ops|_p2p_ops|send_forward|recv_forward|send_backward|recv_backward|send_forward_recv_backward|send_backward_recv_forward",
      r"megatron/(core/pipeline_parallel/)?p2p_communication\.py", False, False),
+    # DDP's Python frames around its C++ collectives (dist._broadcast_coalesced, the parameter
+    # check): the buffer broadcast before each forward, the parameter sync at construction.
+    ("collective", "broadcast_coalesced", r"_distributed_broadcast_coalesced", r"torch/nn/parallel/distributed\.py", False, False),
+    ("collective", "broadcast_coalesced", r"_sync_params_and_buffers", r"torch/distributed/utils\.py", False, False),
+    ("collective", "verify_params_across_processes", r"_verify_param_shape_across_processes", r"torch/distributed/utils\.py", False, False),
     # Host-side waits for device work (NCCL collectives are asynchronous to the host).
     ("host-sync", "synchronize", r"synchronize", r"torch/cuda/(__init__|streams)\.py", False, False),
     ("host-sync", "wait", r"wait", r"torch/futures/__init__\.py", False, False),

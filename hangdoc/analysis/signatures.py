@@ -293,15 +293,32 @@ def classify_stack(frames: Sequence[Frame], state: Optional[str] = None) -> Wait
     detail = shape.detail
     if category == "dataloader-worker" and detail == "busy" and state is not None and state.lower().startswith("idle"):
         detail = "blocked"  # idle inside the user's dataset code: a C-level wait such as a lock
+    if category == "unknown" and frames and _BACKWARD.fullmatch(_fn_name(frames[-1].function, False)) \
+            and _BACKWARD_FILE.search((frames[-1].file or "").replace("\\", "/")):
+        # Idle (not on a CPU) inside autograd's engine: backward computes on the calling thread on
+        # CPU, so an idle one waits, and what backward waits on is the gradient reduction that
+        # DDP's and FSDP's hooks issue inside it (or, on GPUs, device work behind it)
+        site = next((f for f in reversed(frames) if not is_library(f)), None)
+        return Wait("collective", BACKWARD_OP, frames[-1], site, None, None, False,
+                    "idle inside autograd's backward: the gradient collectives of DDP's or FSDP's hooks run there")
     if category in ("compute", "unknown") and frames and not is_library(frames[-1]):
         # Python frames hide a C-level wait (``with LOCK:``, ``os.waitpid``): the source line says it
-        from hangdoc.analysis.source_waits import blocking_call
+        from hangdoc.analysis.source_waits import blocking_call, request_wait
 
+        req = request_wait(frames[-1].file or "", frames[-1].line)
+        if req is not None:  # ``req.wait()`` on a request of isend/irecv or an async collective
+            return Wait(req[0], req[1], frames[-1], frames[-1], None, None, False, f"waiting for its request (`{req[2]}`)")
         found = blocking_call(frames[-1].file or "", frames[-1].line)
         if found is not None:
             return Wait("lock", "", frames[-1], frames[-1], None, None, False, f"waiting for {found[0]} (`{found[1]}`)")
     return Wait(category, shape.op, frame, call_site, peer if category == "p2p" else None, root,
                 group_rank, detail)
+
+
+#: the op of a main thread idle in autograd's backward (:func:`classify_stack`)
+BACKWARD_OP = "backward (gradient collectives)"
+_BACKWARD = re.compile(r"_engine_run_backward|run_backward|backward")
+_BACKWARD_FILE = re.compile(r"torch/(autograd/(graph|__init__)|_tensor)\.py$")
 
 
 def _shape(frames: Tuple[Frame, ...]) -> _Shape:
@@ -469,10 +486,11 @@ def wait_of(process) -> Wait:
         if len(ops) == 1:
             (op, frame), = ops.items()
             w = Wait("collective", op, frame, w.call_site, None, w.root, False, "from the gloo worker thread")
-    elif w.category in PLAIN_WAITS and len(process.threads) > 1 and not any(_native(f) for f in t.frames):
+    elif (w.category in PLAIN_WAITS or w.op == BACKWARD_OP) and len(process.threads) > 1 and not any(_native(f) for f in t.frames):
         # The main thread waits on a queue or a lock for a communication thread (DeepSpeed's and
         # FSDP's overlap, a hand-made comm thread) that is itself in a collective: that collective
-        # is what the rank waits in.
+        # is what the rank waits in. Likewise a main thread idle in backward waits for autograd's
+        # device thread, which runs the hooks (ZeRO-3's all_gather in backward).
         from hangdoc.analysis.normalize import is_hangdoc_thread
 
         side = []

@@ -16,8 +16,9 @@ and for an aggregate on the training host), the line says what it waits for.
 from __future__ import annotations
 
 import functools
+import os
 import re
-from typing import Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 from hangdoc.safeio import read_source
 
@@ -34,6 +35,7 @@ _WAITS = [
     ("a thread or process to end", re.compile(r"\.join\(\s*\)")),
     ("an event or condition", re.compile(r"\b\w*(?:event|cond|condition|done|ready|barrier)\w*\.wait(?:_for)?\(", re.I)),
 ]
+_EVENT_WAIT = _WAITS[-1][1]
 
 
 def blocking_call_in(text: str) -> Optional[Tuple[str, str]]:
@@ -46,12 +48,59 @@ def blocking_call_in(text: str) -> Optional[Tuple[str, str]]:
     return None
 
 
+#: directories a relative file name of a dump is also looked for in (:func:`set_source_roots`)
+_ROOTS: List[str] = []
+#: at most this many roots, from at most this many processes' command lines
+MAX_ROOTS, MAX_COMMANDS = 8, 4096
+
+
+def set_source_roots(commands: Iterable[str]) -> None:
+    """Look for relative file names in the directories of the scripts these command lines run too.
+
+    py-spy names a frame's file relative to the ``sys.path`` entry it is under, and the first entry
+    is the script's directory: ``train.py`` of ``python /job/src/train.py`` is ``/job/src/train.py``.
+    Only an absolute ``*.py`` argument counts (the first of each line). ``HANGDOC_SOURCE_ROOTS=0``
+    turns it off (an output that does not depend on which scripts exist on this machine).
+
+    >>> set_source_roots(["/usr/bin/python3 -u /job/src/train.py --lr 1", "python -m pkg"])
+    >>> _ROOTS
+    ['/job/src']
+    >>> set_source_roots([])
+    """
+    roots: List[str] = []
+    if os.environ.get("HANGDOC_SOURCE_ROOTS", "").strip().lower() in ("0", "off", "no", "false"):
+        commands = ()
+    for i, command in enumerate(commands):
+        if i >= MAX_COMMANDS or len(roots) >= MAX_ROOTS:
+            break
+        for token in command[:4096].split()[:64]:
+            if token.endswith(".py") and os.path.isabs(token):
+                root = os.path.dirname(token)
+                if root not in roots:
+                    roots.append(root)
+                break
+    if roots != _ROOTS:
+        _ROOTS[:] = roots
+        for cached in (source_bytes, blocking_call, request_wait, _calls_by_function):
+            cached.cache_clear()
+        from hangdoc.analysis.signatures import in_loop
+
+        in_loop.cache_clear()
+
+
 @functools.lru_cache(maxsize=8)
 def source_bytes(file: str) -> Optional[bytes]:
     """The source of ``file`` as this machine has it, read as input (the name comes from a dump): a
     regular file only (a FIFO would block, ``/dev/zero`` never end), at most :data:`MAX_SOURCE`
-    bytes; None otherwise. Shared by every rule that looks at a call site's source."""
-    return read_source(file, MAX_SOURCE)
+    bytes; None otherwise. A relative name is looked for here, then under each script directory of
+    :func:`set_source_roots`. Shared by every rule that looks at a call site's source."""
+    data = read_source(file, MAX_SOURCE)
+    if data is None and file and not os.path.isabs(file) and not file.startswith("<"):
+        for root in _ROOTS:
+            data = read_source(os.path.join(root, file), MAX_SOURCE)
+            if data is not None:
+                break
+    return data
 
 
 @functools.lru_cache(maxsize=1024)
@@ -69,3 +118,73 @@ def blocking_call(file: str, line: int) -> Optional[Tuple[str, str]]:
             return None
     end = data.find(b"\n", start)
     return blocking_call_in(data[start:end if end >= 0 else len(data)].decode("utf-8", "replace"))
+
+
+# ``req.wait()``, ``work.wait(timeout=...)``, ``reqs[i].wait()``: a name's wait() with no argument
+# but a timeout. Linear: one bounded subscript, no nested quantifiers.
+_REQUEST_WAIT = re.compile(r"\b[A-Za-z_]\w*(?:\[[^\]\n]{0,40}\])?\.wait\(\s*(?:timeout\s*=\s*[\w.]+\s*)?\)")
+#: calls that return a point-to-point request, most telling first
+_P2P_CALLS = ("batch_isend_irecv", "irecv", "isend")
+_ASYNC_COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all", "all_to_all_single", "broadcast", "reduce", "gather", "scatter", "barrier",
+    "all_reduce_coalesced", "all_gather_coalesced",
+})
+
+
+@functools.lru_cache(maxsize=8)
+def _calls_by_function(file: str) -> Optional[Tuple[Tuple[int, int, frozenset], ...]]:
+    """``(first line, last line, names called)`` of every function of ``file``; None when unreadable."""
+    import ast
+
+    data = source_bytes(file)
+    if data is None:
+        return None
+    try:
+        tree = ast.parse(data.decode("utf-8", "replace"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = set()
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call):
+                    f = sub.func
+                    names.add(f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else "")
+            out.append((node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno, frozenset(names)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def request_wait(file: str, line: int) -> Optional[Tuple[str, str, str]]:
+    """``(category, op, statement)`` when ``file:line`` waits on a torch.distributed request
+    (``req.wait()``) that the function around it got from a point-to-point call (``p2p``, op
+    ``batch_isend_irecv``/``irecv``/``isend``) or from one kind of async collective
+    (``collective``, its op); None otherwise (an Event's wait, a ``Popen.wait()``: :func:`blocking_call`'s).
+
+    Looked at before :func:`blocking_call`, whose child-process pattern also matches ``x.wait()``."""
+    if line is None or line < 1:
+        return None
+    data = source_bytes(file)
+    if data is None:
+        return None
+    lines = data.split(b"\n", line)
+    if len(lines) < line:
+        return None
+    text = lines[line - 1][:MAX_LINE].decode("utf-8", "replace")
+    code = text.split("#", 1)[0]
+    if not _REQUEST_WAIT.search(code) or _EVENT_WAIT.search(code):
+        return None
+    funcs = _calls_by_function(file)
+    around = [f for f in funcs or () if f[0] <= line <= f[1]]
+    if not around:
+        return None
+    names = min(around, key=lambda f: f[1] - f[0])[2]  # the innermost function
+    for op in _P2P_CALLS:
+        if op in names:
+            return "p2p", op, code.strip()
+    coll = names & _ASYNC_COLLECTIVES
+    if len(coll) == 1:
+        return "collective", next(iter(coll)), code.strip()
+    return None

@@ -61,14 +61,20 @@ from hangdoc.model import (
     Process,
     Report,
 )
+from hangdoc.analysis import creation_wait, thread_collectives
 from hangdoc.analysis.ended_stacks import EndedRules
 from hangdoc.analysis.mixed_stacks import MixedRules
+from hangdoc.analysis.normalize import is_pool_worker_stack
+from hangdoc.analysis.orphan_waits import OrphanRules
 from hangdoc.analysis.p2p_stacks import P2PRules
 from hangdoc.analysis.stack_words import _RECORDS_ADVICE, _cap, _culprits, _procs, _s, _sorted, who
 from hangdoc.ranges import MAX_LISTED, RankSet
 # finding text: long rank lists end in "… and N more" (the culprits keep every rank)
 from hangdoc.ranges import describe_ranks_capped as describe_ranks
 from hangdoc.tags import DIED_IN_JOB
+
+#: dump formats whose frames say where an exception was raised, not where a live process stands
+_NOT_LIVE = frozenset({"traceback", "c10-backtrace"})
 
 #: Stack-only verdicts never claim more than this (record-based rules use 0.9 and more).
 MAX_CONFIDENCE = 0.8
@@ -138,24 +144,36 @@ def _buckets(processes: Iterable[Process]) -> List[_Bucket]:
         b = by_key.get(key)
         if b is None:
             w = wait_of(p) if p.status == STATUS_OK else Wait("unknown")
-            launcher = p.role == ROLE_LAUNCHER or (p.role == "unknown" and t is not None and is_launcher_stack(frames))
+            # a launcher, or a multiprocessing pool's worker of no rank: they wait for ranks, not with them
+            launcher = p.role == ROLE_LAUNCHER or (p.role == "unknown" and t is not None and is_launcher_stack(frames)) \
+                or (p.rank is None and t is not None and is_pool_worker_stack(frames))
             # gdb and pystack read a stopped process without noticing; a main thread that sent
             # itself SIGSTOP (os.kill(os.getpid(), SIGSTOP)) says it: the process is stopped
             ok = p.status == STATUS_OK and not _stopped_itself(w)
             b = by_key[key] = _Bucket(w, ok, _is_worker(p, w), launcher)
-        if len(p.threads) > 1 and b.wait.category == "host-sync" and b.wait.op == "wait":
-            # wait_of looks at the other threads here (gloo's run loop names the op): per process.
-            w = wait_of(p)
-            if w != b.wait:
-                k2 = key + (w,)
-                b2 = by_key.get(k2)
-                if b2 is None:
-                    b2 = by_key[k2] = _Bucket(w, b.ok, b.worker, b.launcher)
-                b2.procs.append(p)
-                continue
+        if len(p.threads) > 1 and _reads_other_threads(b.wait):
+            # wait_of looks at the other threads here (gloo's run loop names the op; a comm thread's
+            # collective is what a main thread waiting on its queue waits in): per set of other
+            # threads' stacks, so a rank whose comm thread is in another collective is told apart
+            # from the ranks that share its main thread's stack.
+            k2 = key + tuple(id(o.frames) for o in p.threads if o is not t)
+            b2 = by_key.get(k2)
+            if b2 is None:
+                w = wait_of(p)
+                b2 = by_key[k2] = b if w == b.wait else _Bucket(w, b.ok, b.worker, b.launcher)
+            b2.procs.append(p)
+            continue
         b.procs.append(p)
-    # keep the buckets whose only members moved to a per-process bucket out
-    return [b for b in by_key.values() if b.procs]
+    # keep the buckets whose only members moved to a per-process bucket out; a bucket may sit under
+    # several keys (processes whose other threads differ but read the same): once
+    seen = set()
+    return [b for b in by_key.values() if b.procs and not (id(b) in seen or seen.add(id(b)))]
+
+
+def _reads_other_threads(w: Wait) -> bool:
+    """Whether :func:`wait_of` may have read (or may read) threads other than the main one."""
+    return ((w.category == "host-sync" and w.op == "wait") or w.category in PLAIN_WAITS
+            or w.detail.startswith(("on its ", "from the gloo worker thread")))
 
 
 def _stopped_itself(w: Wait) -> bool:
@@ -177,7 +195,7 @@ def _count(buckets: Iterable[_Bucket]) -> int:
 
 
 
-class _Analysis(P2PRules, EndedRules, MixedRules):
+class _Analysis(P2PRules, EndedRules, OrphanRules, MixedRules):
     def __init__(self, report: Report) -> None:
         self.report = report
         self.out: List[Finding] = []
@@ -251,6 +269,7 @@ class _Analysis(P2PRules, EndedRules, MixedRules):
         waiting_dist = self.in_category(DISTRIBUTED)
         explained = self.unresponsive(waiting_dist) | self.missing_ranks(waiting_dist)
         explained |= self.ended()
+        explained |= self.orphans()
         if not self.dataloader_stall():
             self.p2p()
             self.mixed()
@@ -397,8 +416,11 @@ class _Analysis(P2PRules, EndedRules, MixedRules):
         loop_notes = self._loop_notes(places)
         if len(places) == 1 and not blocked:
             (w, ps, bs), = places
-            if busy:
-                nb = _count(busy)
+            nb = _count(busy)
+            live = all(p.format not in _NOT_LIVE for p in _procs(busy))
+            if busy and (not live or 2 * nb >= nb + _count(bs)):
+                # as many computing as waiting (a healthy job caught mid-step), or a traceback's
+                # frames (where an exception was, not where a process is): nobody to blame
                 self.out.append(Finding(
                     "no-hang",
                     f"{self.who_b(busy)} {'is' if nb == 1 else 'are'} computing while {self.who_b(bs)} {_s(ps, 'waits', 'wait')} in {w.describe()}",
@@ -406,6 +428,24 @@ class _Analysis(P2PRules, EndedRules, MixedRules):
                     self.evidence_lines(busy + bs) + loop_notes,
                     ["A running job looks like this too: take a second dump a minute later. If the same ranks are still "
                      "computing at the same place, they are stuck there (an endless loop?) and the others wait for them."],
+                    0.3,
+                ))
+                return
+            if busy:
+                # A few ranks compute while the rest wait for them: whether they loop for ever or are
+                # only slow, they hold the job, and are named as such. One dump cannot tell the two
+                # apart, so the confidence stays low and the advice says how to.
+                self.out.append(Finding(
+                    "collective-mismatch",
+                    f"{self.who_b(busy)} {'is' if nb == 1 else 'are'} computing outside any collective while "
+                    f"{self.who_b(bs)} {_s(ps, 'waits', 'wait')} for {'it' if nb == 1 else 'them'} in {w.describe()}",
+                    _culprits(_procs(busy)),
+                    self.evidence_lines(busy + bs) + loop_notes,
+                    ["One dump cannot tell a loop that never ends from a slow step: take a second dump a minute later. "
+                     "If the same ranks are still computing at the same place, they are stuck there (an endless loop, a "
+                     "retry that never succeeds); if they moved on, the job is slow, not hung, and they are its stragglers.",
+                     "Dump with `--native` (`py-spy dump --native`) to see a C-level wait that Python frames hide.",
+                     _RECORDS_ADVICE],
                     0.3,
                 ))
                 return
@@ -424,6 +464,11 @@ class _Analysis(P2PRules, EndedRules, MixedRules):
                      "read it as a collective-wait (the hang is below Python)."],
                     0.3,
                 ))
+                return
+            # every one of them has another thread in a collective too; a group creation
+            told = thread_collectives.finding(ps, self.who_b(bs)) or creation_wait.finding(self.who_b(bs), w)
+            if told is not None:
+                self.out.append(told)
                 return
             site = w.call_site
             known = in_loop(site.file, site.line) if site and site.file and site.line else None

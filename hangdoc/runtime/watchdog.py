@@ -559,6 +559,7 @@ def _tag_line(ident: Any, reason: str, dog: Optional[Watchdog]) -> str:
     )
     if dog is not None:
         fields["last_progress"] = "%.3f" % dog.last_progress_wall
+    fields["time"] = "%.3f" % time.time()  # when the stacks were taken: records after it show the job went on
     return format_tag(**fields)
 
 
