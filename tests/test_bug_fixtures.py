@@ -150,3 +150,24 @@ def test_stacks_of_a_stall_the_records_show_the_job_went_past_are_no_verdict(nam
     # what the stacks said during the stall is kept, as detail
     assert any(line.startswith("the stacks, taken during the stall, said: ") for line in findings[0]["detail"])
     assert matrix_judge.judge(truth(name), matrix_judge.from_report({"findings": findings})) == "RIGHT"
+
+
+def _fr(name):
+    d = os.path.join(FIX, name, "fr")
+    r = subprocess.run([sys.executable, "-m", "hangdoc", "aggregate", "--format", "json", d],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["findings"][0]
+
+
+def test_flight_recorder_dumps_alone_name_the_only_rank_behind_with_nothing_in_flight():
+    head = _fr("lock_twice")
+    assert (head["kind"], [c["rank"] for c in head["culprits"]]) == ("collective-mismatch", [2]), head["summary"]
+    assert head["summary"].endswith("for rank 2, which is behind and never issued it")
+
+
+@pytest.mark.parametrize("name", ["tp_pp_skip", "async_ckpt_side_barrier"])
+def test_ranks_behind_that_may_wait_elsewhere_are_not_named(name):
+    # behind in two groups at once (tp_pp_skip), or in a call of another group (async_ckpt_side_barrier)
+    head = _fr(name)
+    assert head["culprits"] == [], head["summary"]

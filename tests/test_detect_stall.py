@@ -237,3 +237,53 @@ def test_a_stall_that_ends_is_withdrawn_and_never_aborts(tmp_path):
     line = next(line for line in err.splitlines() if "hangdoc: RESUMED:" in line)
     assert "rank 1 went on " in line and "slow, not hung (withdrawn: rank 1 waits at train.py:16" in line, line
     assert "DivergenceError" not in err
+
+
+# Rank 1 stands in its own loop (asleep) until a file appears; the test then kills rank 0 and makes
+# the file: rank 1 goes on into an all_reduce that can never complete. Its main thread moved and it
+# issued a call, but the job did not go on: no RESUMED (what a launcher's kill used to look like,
+# its child dying first under `proc.wait()`).
+STANDING = textwrap.dedent('''\
+    import os, sys, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print("PID", rank, os.getpid(), flush=True)
+    release = sys.argv[1]
+    t = torch.ones(4)
+    for step in range(40):
+        if step == 5 and rank == 1:
+            print("DIVERGE_AT", time.time(), flush=True)
+            while not os.path.exists(release):
+                time.sleep(0.02)
+        dist.all_reduce(t)
+    ''')
+
+
+def test_a_stall_whose_rank_moves_on_into_a_call_that_never_completes_is_not_withdrawn(tmp_path):
+    import os
+    import re
+    import signal
+    import time
+
+    from tests.procs import kill_group, spawn, torchrun_cmd
+
+    path = tmp_path / "train.py"
+    path.write_text(STANDING)
+    out, release = tmp_path / "out", tmp_path / "release"
+    cmd = torchrun_cmd(2, "-m", "hangdoc", "--detect", "--out", str(out), str(path), str(release))
+    proc = spawn(cmd, cwd=str(tmp_path), stdout=open(tmp_path / "stdout.txt", "w"), stderr=open(tmp_path / "stderr.txt", "w"))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (out / "divergence.json").exists():
+            time.sleep(0.1)
+        assert (out / "divergence.json").exists(), (tmp_path / "stderr.txt").read_text()[-3000:]
+        pids = dict(re.findall(r"PID (\d) (\d+)$", (tmp_path / "stdout.txt").read_text(), re.M))
+        os.kill(int(pids["0"]), signal.SIGKILL)
+        release.write_text("")
+        proc.wait(timeout=60)
+    finally:
+        kill_group(proc)
+    err = (tmp_path / "stderr.txt").read_text(errors="replace")
+    v = json.loads((out / "divergence.json").read_text())
+    assert (v["deviants"], v["basis"]) == ([1], "stall"), v
+    assert "hangdoc: RESUMED:" not in err and "resumed_after" not in v, err[-3000:]

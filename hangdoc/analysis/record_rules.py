@@ -423,7 +423,9 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
     from hangdoc.analysis.signatures import DISTRIBUTED, wait_of
 
     out = []
-    for lag in sequence.lags(records):
+    in_flight = {r.rank for r in records if r.state == "issued"}  # in a call of any group
+    lags = sequence.lags(records)
+    for lag in lags:
         x = lag.waiting_in
         stacks = {}
         for p in report.job.processes:
@@ -438,20 +440,35 @@ def _lag_findings(report: Report, records: List[CollectiveRecord], pending_ev: L
         evidence += [f"rank {r}'s stack: {stacks[r].describe()}" for r in sorted(stacks)[:MAX_RUNS]]
         if len(stacks) > MAX_RUNS:
             evidence.append(f"… and {len(stacks) - MAX_RUNS} more ranks' stacks")
+        # no stack of theirs, by their records in no call of any group either, the only ranks
+        # behind (ranks behind in two groups may wait for each other in calls the records lack:
+        # a pipeline's send/recv that Flight Recorder on gloo does not hold), and fewer than the
+        # ranks that wait (one against one: the other may as well have issued an extra call)
+        unseen = ([] if stacks or set(lag.ranks) & in_flight or len(lags) > 1 or len(lag.waiting) <= len(lag.ranks)
+                  else sorted(lag.ranks))
         if elsewhere:
             evidence.append(f"the stacks show {describe_ranks(elsewhere)} blocked outside collectives: "
                             f"that is what the others wait for")
+        elif unseen:
+            # no stack of theirs at all (Flight Recorder dumps, records alone): their records say
+            # they hold nothing in flight, so they stand outside any collective while the others
+            # wait for them; what keeps them there is for their stacks to say
+            evidence.append(f"no stack of {describe_ranks(unseen)} was given: by the records {'it stands' if len(unseen) == 1 else 'they stand'} "
+                            f"outside any collective (nothing in flight) while the others wait for {'it' if len(unseen) == 1 else 'them'}; "
+                            "its stack says why (`hangdoc dump`, `py-spy dump`)")
         else:
-            evidence.append("no stack shows why they are behind (dump them: `hangdoc dump`, `py-spy dump`); being "
-                            "behind alone blames nobody")
+            evidence.append("the stacks do not show why they are behind (they wait in collectives or in what no "
+                            "frame names); being behind alone blames nobody")
+        named = elsewhere or unseen
         out.append(Finding(
-            # ranks their stacks show blocked outside any collective while the others wait in one:
-            # a mismatch (docs/findings/collective-mismatch.md); merely behind, for no reason seen: a wait
-            kind="collective-mismatch" if elsewhere else "collective-wait",
+            # ranks blocked outside any collective (by their stacks, or by their records when there
+            # is no stack of theirs) while the others wait in one: a mismatch
+            # (docs/findings/collective-mismatch.md); behind for no reason their stacks show: a wait
+            kind="collective-mismatch" if named else "collective-wait",
             summary=(f"{describe_ranks(lag.waiting)} {'waits' if len(lag.waiting) == 1 else 'wait'} in {x.op} #{x.seq} "
                      f"({sequence.site(x)}) for {describe_ranks(lag.ranks)}, which {'is' if len(lag.ranks) == 1 else 'are'} "
                      f"{LAG_SUFFIX}"),
-            culprits=_culprits(report, elsewhere),
+            culprits=_culprits(report, named),
             evidence=evidence, detail=list(pending_ev),
             advice=[f"Find out where {describe_ranks(lag.ranks)} {'is' if len(lag.ranks) == 1 else 'are'} instead: its "
                     f"stack (a DataLoader wait, a lock, a sleep, a slow step) says why the {x.op} never comes."],

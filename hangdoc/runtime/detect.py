@@ -122,7 +122,7 @@ class Detector:
         self._lock_at = 0.0
         self._lock_order: Optional[tuple] = None  # the lock-wait cycle seen at the last look
         #: (calls issued, when) at a stall this rank reported of itself (_resumed)
-        self._stall_mark: Optional[Tuple[int, float]] = None
+        self._stall_mark: Optional[Tuple[int, float, int]] = None
         self._resume_lock = threading.Lock()
         from hangdoc.runtime import detect_fork, detect_stall
 
@@ -458,11 +458,15 @@ class Detector:
 
     def _resumed(self) -> None:
         """A stall this rank reported of itself (hangdoc.runtime.detect_stall) that ended: it issued a
-        call since. Said once, and written into divergence.json (``resumed_after``): slow, not hung.
+        call since, and a call of it completed since (a job being killed also moves the main thread
+        on: the child of a ``proc.wait()`` dies first, and the next collective, issued, never
+        completes). Said once, and written into divergence.json (``resumed_after``): slow, not hung.
         The detector stays finished (one verdict per job), as after any verdict."""
+        from hangdoc.runtime import detect_stall
+
         with self._resume_lock:  # (the daemon's tick and the exit may both look)
             mark, v = self._stall_mark, self.verdict
-            if mark is None or v is None or self.digests.total() == mark[0]:
+            if mark is None or v is None or self.digests.total() == mark[0] or detect_stall.completed_calls() <= mark[2]:
                 return
             self._stall_mark = None
         v.resumed_after = round(time.monotonic() - mark[1], 1)
@@ -485,7 +489,9 @@ class Detector:
         self.verdict = v
         self.fired_at = time.time()
         if mine and v.basis == "stall":  # time-based: withdrawn if the rank goes on (_resumed)
-            self._stall_mark = (self.digests.total(), time.monotonic())
+            from hangdoc.runtime import detect_stall
+
+            self._stall_mark = (self.digests.total(), time.monotonic(), detect_stall.completed_calls())
         if mine:
             # the file first: on the way out (a rank's last check while its process exits) the
             # process may end right after, and the file is what stays

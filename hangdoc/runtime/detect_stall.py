@@ -430,3 +430,15 @@ def verdict(rank: int, found: Dict[str, Any], waiting: Dict[str, Any], digests: 
                   f"{visible(where)}; the main thread has waited at {site}{code} for {found['waited']:.0f} s "
                   f"since; {others}")
     return v
+
+
+def completed_calls() -> int:
+    """Calls of this rank seen completed so far (the recorder's count; 0 without one): a stall is
+    withdrawn only once one completed after it (hangdoc.runtime.detect's ``_resumed``)."""
+    from hangdoc.runtime import recorder
+
+    r = recorder.get()
+    try:
+        return r.progress if r is not None else 0
+    except Exception:
+        return 0
