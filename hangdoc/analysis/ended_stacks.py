@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from hangdoc.analysis.signatures import DISTRIBUTED
 from hangdoc.analysis.stack_words import _culprits, _procs, _s
 from hangdoc.model import Finding, Process
 
@@ -83,8 +82,7 @@ class EndedRules:
         if not gone:
             return False
         ended_b = [b for b, _ in gone]
-        rest = [b for b in self.ok_b if all(b is not e for e in ended_b)]
-        waiting = self.in_category(DISTRIBUTED, among=rest)
+        rest, waiting = self.set_apart(ended_b)
         if not waiting:
             return False  # nobody waits for them: a job at its end, not a rank that left it
         procs = _procs(ended_b)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from hangdoc.analysis.signatures import DISTRIBUTED
 from hangdoc.analysis.stack_words import _culprits, _procs, _s
 from hangdoc.model import Finding, Process
 
@@ -75,8 +74,7 @@ class OrphanRules:
         if not gone:
             return False
         orphan_b = [b for b, _ in gone]
-        rest = [b for b in self.ok_b if all(b is not o for o in orphan_b)]
-        waiting = self.in_category(DISTRIBUTED, among=rest)
+        rest, waiting = self.set_apart(orphan_b)
         if not waiting:
             return False  # nobody waits for them in a collective
         procs = _procs(orphan_b)

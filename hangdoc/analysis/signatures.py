@@ -520,14 +520,10 @@ def in_loop(file: str, line: int) -> Optional[bool]:
     regular file only (a FIFO would block, ``/dev/zero`` never end) and at most
     :data:`hangdoc.analysis.source_waits.MAX_SOURCE` bytes (:func:`~hangdoc.analysis.source_waits.source_bytes`).
     """
-    from hangdoc.analysis.source_waits import source_bytes
+    from hangdoc.analysis.source_waits import source_tree
 
-    source = source_bytes(file)
-    if source is None:
-        return None
-    try:
-        tree = ast.parse(source.decode("utf-8", "replace"))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    tree = source_tree(file)
+    if tree is None:
         return None
     found = False
 

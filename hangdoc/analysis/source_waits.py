@@ -15,6 +15,7 @@ and for an aggregate on the training host), the line says what it waits for.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import re
@@ -81,7 +82,7 @@ def set_source_roots(commands: Iterable[str]) -> None:
                 break
     if roots != _ROOTS:
         _ROOTS[:] = roots
-        for cached in (source_bytes, blocking_call, request_wait, _calls_by_function):
+        for cached in (source_bytes, source_tree, blocking_call, request_wait, _calls_by_function):
             cached.cache_clear()
         from hangdoc.analysis.signatures import in_loop
 
@@ -133,16 +134,22 @@ _ASYNC_COLLECTIVES = frozenset({
 
 
 @functools.lru_cache(maxsize=8)
-def _calls_by_function(file: str) -> Optional[Tuple[Tuple[int, int, frozenset], ...]]:
-    """``(first line, last line, names called)`` of every function of ``file``; None when unreadable."""
-    import ast
-
+def source_tree(file: str) -> Optional[ast.Module]:
+    """The parsed source of ``file`` (:func:`source_bytes`), or None when unreadable or not Python."""
     data = source_bytes(file)
     if data is None:
         return None
     try:
-        tree = ast.parse(data.decode("utf-8", "replace"))
+        return ast.parse(data.decode("utf-8", "replace"))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def _calls_by_function(file: str) -> Optional[Tuple[Tuple[int, int, frozenset], ...]]:
+    """``(first line, last line, names called)`` of every function of ``file``; None when unreadable."""
+    tree = source_tree(file)
+    if tree is None:
         return None
     out = []
     for node in ast.walk(tree):

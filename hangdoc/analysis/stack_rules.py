@@ -224,6 +224,11 @@ class _Analysis(P2PRules, EndedRules, OrphanRules, MixedRules):
             self._wait = {id(q): b.wait for b in self.all_b for q in b.procs}
         return self._wait[id(p)]
 
+    def set_apart(self, these: Sequence[_Bucket]) -> Tuple[List[_Bucket], List[_Bucket]]:
+        """The usable buckets other than ``these``, and those of them waiting in collectives or p2p."""
+        rest = [b for b in self.ok_b if all(b is not t for t in these)]
+        return rest, self.in_category(DISTRIBUTED, among=rest)
+
     def in_category(self, cats: Iterable[str], among: Optional[Sequence[_Bucket]] = None) -> List[_Bucket]:
         cats = set(cats)
         return [b for b in (self.ok_b if among is None else among) if b.wait.category in cats]
