@@ -80,3 +80,26 @@ def test_a_member_that_died_inside_a_collective_is_that_calls_mismatch(tmp_path)
     # without the file: gone without a word, as before
     v = gone_member(0, pubs[0], pubs.get, lambda g: (0, 1, 2, 3), "vm")
     assert v.kind == "rank-failed" and "gone without a word" in v.summary
+
+
+def test_a_member_dead_in_the_very_call_is_not_blamed_on_one_survivors_word(tmp_path):
+    # as in examples/bugs/dtype_mismatch.py: gloo aborts one rank in the call where another, the
+    # culprit, waits with another dtype; only that one's publication shows the call yet: the side that
+    # aborted is not known to be the wrong one, so this member gives no verdict (it named the dead one)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(10)
+    _placed(tmp_path, dead.pid)  # rank 1's fatal file: it died in all_to_all_single at moe...py:80
+
+    def pub(n, pid, call, quiet=True):
+        return {"quiet": quiet, "last": "default_pg", "host": "vm", "pid": pid,
+                "g": {"default_pg": {"n": n, "w": [{"start": n - 1, "sig": [0], "tab": [
+                    ["h" + call, call, "moe_capacity_alltoall_splits.py:80", n - 1]]}]}}}
+
+    read = lambda r, pid: detect_fatal.read_where(str(tmp_path), "vm", r, pid)  # noqa: E731
+    me = pub(3, os.getpid(), "all_to_all_single([1024] float64)")
+    pubs = {0: me, 1: pub(2, dead.pid, "all_to_all_single([1024] float32)", quiet=False)}
+    assert gone_member(0, me, pubs.get, lambda g: (0, 1, 2, 3), "vm", fatal_of=read, final=True) is None
+    # two survivors that agree there: the dead member is the odd one
+    pubs[2] = pub(3, os.getpid(), "all_to_all_single([1024] float64)")
+    v = gone_member(0, me, pubs.get, lambda g: (0, 1, 2, 3), "vm", fatal_of=read, final=True)
+    assert (v.kind, v.deviants) == ("collective-mismatch", [1]), v.summary

@@ -13,13 +13,12 @@ import json
 import os
 import re
 import textwrap
-import time
 
 import pytest
 
 pytest.importorskip("torch")
 
-from tests.procs import env_for, kill_group, run, spawn, torchrun_cmd  # noqa: E402
+from tests.procs import env_for, run  # noqa: E402
 
 ONE_RANK = textwrap.dedent(r'''
     import json, sys, tempfile, warnings
@@ -131,28 +130,16 @@ SKIP_EXPORT = textwrap.dedent(r'''
 
 
 def test_a_rank_that_skips_full_tensor_is_named_at_the_skipped_line(tmp_path):
-    path = tmp_path / "train.py"
-    path.write_text(SKIP_EXPORT)
-    out = tmp_path / "out"
-    cmd = torchrun_cmd(3, "-m", "hangdoc", "--detect", "--detect-policy", "dump", "--out", str(out), str(path))
-    proc = spawn(cmd, cwd=str(tmp_path), stdout=open(tmp_path / "stdout.txt", "w"),
-                 stderr=open(tmp_path / "stderr.txt", "w"))
-    verdict = None
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and verdict is None:
-            try:
-                verdict = json.loads((out / "divergence.json").read_text())
-            except (OSError, ValueError):
-                time.sleep(0.1)
-    finally:
-        kill_group(proc)
-    err = (tmp_path / "stderr.txt").read_text(errors="replace")
-    assert verdict is not None, err[-3000:]
+    from tests.test_detect_gloo import _wait_verdict
+
+    # the dump policy writes every rank's records, then the report: the job is stopped once it is there
+    verdict, _latency, stdout, _err = _wait_verdict(tmp_path, SKIP_EXPORT, 3, "--detect-policy", "dump",
+                                                    then="report.txt", limit=60)
     line = _line(SKIP_EXPORT, "export")
     assert verdict["deviants"] == [1] and verdict["agreeing"] == [0, 2], verdict
     assert re.search(rf"all_gather_into_tensor\(\[4,4\] float32\) at train\.py:{line}\b", verdict["summary"]), verdict
-    assert "NOT STOPPED" not in (tmp_path / "stdout.txt").read_text()
+    assert "NOT STOPPED" not in stdout
+    out = tmp_path / "out"
     records = [json.loads(x) for f in sorted(os.listdir(out)) if f.startswith("collectives-")
                for x in (out / f).read_text().splitlines() if x.strip()]
     gathers = [r for r in records if r.get("op") == "all_gather_into_tensor"]

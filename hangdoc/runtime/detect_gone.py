@@ -80,6 +80,17 @@ def _odd_side(dead: int, me: int, index: int, group: str, read: Sequence[int],
     return ra, entries[a], entries[b]
 
 
+def _survivors_agree(dead: int, me: int, index: int, group: str, read: Sequence[int],
+                     pub_of: Callable[[int], Optional[Dict[str, Any]]]) -> bool:
+    """Two or more members other than ``dead`` show call ``index`` of ``group``, all the same call."""
+    calls = []
+    for r in sorted(set(list(read) + [me]) - {dead}):
+        e = entry_at(((pub_of(r) or {}).get("g") or {}).get(group) or {}, index)
+        if e:
+            calls.append((e[0], e[2]))
+    return len(calls) >= 2 and len(set(calls)) == 1
+
+
 def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[Dict[str, Any]]],
                 ranks_of: Callable[[str], Sequence[int]], host: str,
                 state_of: Callable[[int], Optional[str]] = proc_state, final: bool = False,
@@ -124,6 +135,11 @@ def gone_member(me: int, mine: Dict[str, Any], pub_of: Callable[[int], Optional[
             at = f" at {died['site']}" if died.get("site") else ""
             if died.get("op"):
                 odd = _odd_side(q, me, n - 1, group, read, pub_of)
+                if odd is None and call and died.get("site") == call[2] and not _survivors_agree(q, me, n - 1, group, read, pub_of):
+                    # it died in the very call this rank waits in (a dtype or size that differs): the
+                    # side that aborts need not be the side that is wrong, and the survivors' calls
+                    # there do not yet show one side of two or more: not this member's verdict
+                    continue
                 v.text = (f"{describe_ranks([q])} died in native code (Fatal Python error: {died['signal']}) inside "
                           f"{died['op']}{at}, while rank {me} waits in {waits} (#{n - 1} of {group}): the backend "
                           f"ended it on a call that does not match its peers' (sizes, split sizes, dtypes)")

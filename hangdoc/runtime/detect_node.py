@@ -218,7 +218,10 @@ class Node:
                 pubs = {q: c["g"][name] for q, c in cache.items()
                         if q in members and c is not None and name in c.get("g", {})}
                 knowers = sum(1 for q in pubs.values() if diff[0] in known_digests(q))
-                read = sum(1 for q in cache if q in members)
+                # on the way out, a member that never published counts for nothing: it may be the one
+                # that died (gloo aborts a rank within milliseconds of its mismatched call), and the
+                # launcher's teardown leaves no time to wait for it
+                read = sum(1 for q, c in cache.items() if q in members and (c is not None or not final))
                 if knowers < min(3, len(ranks)) or knowers < read:
                     # two opinions where a third may come, or members read that have not published
                     # that call yet, or nothing yet (another deviant among them is named only once
