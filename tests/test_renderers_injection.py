@@ -76,3 +76,14 @@ def _with_script(report):
     for f in report.findings:
         f.summary += "<script>alert(1)</script>"
     return report
+
+
+def test_a_private_use_character_of_the_input_never_breaks_the_colours(tmp_path):
+    # what hypothesis found (tests/test_fuzz_readers.py): U+E008 in a function name, past the colour
+    # codes the renderer marks with private-use characters: an IndexError in the coloured text report
+    path = tmp_path / "trace-node1.out"
+    path.write_bytes(b'Process 0: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n'
+                     b'Thread 0 (idle): "MainThread"\n    main\xee\x80\x88 (train.py:0)\n')
+    report = analyse(read_paths([str(path)]))
+    out = render(report, "text", RenderOptions(color=True))
+    assert "\\ue008" in out and "\ue008" not in out

@@ -40,7 +40,7 @@ def render(report: Report, options) -> str:
     # it is shown as \n, with the other control characters and the bidi overrides (textsafe.visible).
     text = "\n".join(printable(visible(line)) for line in TextReport(report, options).lines())
     if options.color:
-        text = _MARK_RE.sub(lambda m: _CODES[ord(m.group(0)) - _MARK0], text)
+        text = _MARK_RE.sub(_code_of, text)
     return text + "\n"
 
 
@@ -51,6 +51,13 @@ def render(report: Report, options) -> str:
 _CONTROL_RE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 _MARK0 = 0xE000
 _MARK_RE = re.compile("[\ue000-\ue0ff]")
+
+
+def _code_of(m: "re.Match[str]") -> str:
+    """The colour code of a mark; a private-use character of the input beyond the codes (a fuzzed
+    function name held U+E008) is shown escaped, as text."""
+    i = ord(m.group(0)) - _MARK0
+    return _CODES[i] if i < len(_CODES) else "\\u%04x" % ord(m.group(0))
 
 
 def printable(s: str) -> str:
