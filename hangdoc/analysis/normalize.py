@@ -272,7 +272,7 @@ def is_pool_worker_stack(frames: Iterable["Frame"]) -> bool:
     True
     """
     for f in frames:
-        if f.function.rsplit(".", 1)[-1] == "worker" and f.file and f.file.replace("\\", "/").endswith("multiprocessing/pool.py"):
+        if f.function.rsplit(".", 1)[-1] == "worker" and f.file and _suffix_match(f.file.replace("\\", "/"), "multiprocessing/pool.py"):
             return True
     return False
 

@@ -29,13 +29,11 @@ from hangdoc.analysis.stack_words import _culprits, _procs, _s
 from hangdoc.model import Finding, Process
 
 
-def _is(path: str, tail: str) -> bool:
-    path = (path or "").replace("\\", "/")
-    return path == tail or path.endswith("/" + tail)
-
-
 def _has(frames, function: str, file_tail: str) -> bool:
-    return any(f.function.rsplit(".", 1)[-1] == function and _is(f.file, file_tail) for f in frames if not f.native)
+    from hangdoc.analysis.normalize import _suffix_match
+
+    return any(f.function.rsplit(".", 1)[-1] == function and _suffix_match((f.file or "").replace("\\", "/"), file_tail)
+               for f in frames if not f.native)
 
 
 def orphaned(p: Process) -> Optional[str]:

@@ -107,6 +107,12 @@ def source_bytes(file: str) -> Optional[bytes]:
 @functools.lru_cache(maxsize=1024)
 def blocking_call(file: str, line: int) -> Optional[Tuple[str, str]]:
     """:func:`blocking_call_in` of ``file:line``; None when the file is not a readable regular file here."""
+    text = source_line(file, line)
+    return None if text is None else blocking_call_in(text)
+
+
+def source_line(file: str, line: int) -> Optional[str]:
+    """Line ``line`` (1-based) of ``file`` (:func:`source_bytes`); None when there is none."""
     if line is None or line < 1:
         return None
     data = source_bytes(file)
@@ -118,7 +124,7 @@ def blocking_call(file: str, line: int) -> Optional[Tuple[str, str]]:
         if start == 0:
             return None
     end = data.find(b"\n", start)
-    return blocking_call_in(data[start:end if end >= 0 else len(data)].decode("utf-8", "replace"))
+    return data[start:end if end >= 0 else len(data)].decode("utf-8", "replace")
 
 
 # ``req.wait()``, ``work.wait(timeout=...)``, ``reqs[i].wait()``: a name's wait() with no argument
@@ -171,16 +177,10 @@ def request_wait(file: str, line: int) -> Optional[Tuple[str, str, str]]:
     (``collective``, its op); None otherwise (an Event's wait, a ``Popen.wait()``: :func:`blocking_call`'s).
 
     Looked at before :func:`blocking_call`, whose child-process pattern also matches ``x.wait()``."""
-    if line is None or line < 1:
+    text = source_line(file, line)
+    if text is None:
         return None
-    data = source_bytes(file)
-    if data is None:
-        return None
-    lines = data.split(b"\n", line)
-    if len(lines) < line:
-        return None
-    text = lines[line - 1][:MAX_LINE].decode("utf-8", "replace")
-    code = text.split("#", 1)[0]
+    code = text[:MAX_LINE].split("#", 1)[0]
     if not _REQUEST_WAIT.search(code) or _EVENT_WAIT.search(code):
         return None
     funcs = _calls_by_function(file)
